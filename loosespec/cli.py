@@ -1,0 +1,165 @@
+"""``loosespec`` command line: generate, models.
+
+Errors from bad input are printed as one line (``loosespec: error: ...``) with exit status 2;
+no traceback reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+os.environ.setdefault("TYPER_USE_RICH", "0")  # plain one-screen click errors, no boxed tracebacks
+import typer  # noqa: E402
+
+from .config import DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, METHODS  # noqa: E402
+from .errors import LoosespecError  # noqa: E402
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Loose speculative decoding for LLMs, with lossless baselines and measurements.")
+models_app = typer.Typer(invoke_without_command=True, help="List the embedded models, or prepare one (pull).")
+app.add_typer(models_app, name="models")
+
+_METHOD_HELP = "; ".join(f"{k}: {v}" for k, v in METHODS.items())
+_DRAFTER_HELP = "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
+    ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
+    + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items())
+)
+
+
+def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise LoosespecError("give the prompt as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise LoosespecError(f"cannot read prompt file {prompt_file}: {getattr(e, 'strerror', None) or e}") from e
+    if prompt is None:
+        raise LoosespecError("no prompt: pass PROMPT, '-' to read standard input, or --prompt-file PATH")
+    if prompt == "-":
+        return sys.stdin.read()
+    return prompt
+
+
+def resolve_draft(draft: str, target: str) -> Optional[str]:
+    """``none`` -> None; ``auto`` -> the default draft for the default target, else None."""
+    if draft.lower() == "none":
+        return None
+    if draft.lower() == "auto":
+        return DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+    return draft
+
+
+def _summary(label: str, s: dict) -> str:
+    return (f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
+            f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
+            f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
+            f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s")
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="Prompt text, or '-' to read standard input."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
+    draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
+                              f"for the default target, none for other targets."),
+    method: str = typer.Option("exact", help=_METHOD_HELP),
+    drafter: Optional[str] = typer.Option(None, help=_DRAFTER_HELP),
+    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per round (K)."),
+    max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, help="0 disables top-k."),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
+    compare_ar: bool = typer.Option(False, "--compare-ar",
+                                    help="Also run plain autoregressive decoding on the same prompt and report the speedup."),
+):
+    """Generate a completion, streaming it to the terminal (or as one JSON object with --json)."""
+    from .config import DecodeConfig
+    from .engine import Engine
+
+    text = _read_prompt(prompt, prompt_file)
+    draft_spec = resolve_draft(draft, target)
+    if method == "ar" or drafter == "ngram":
+        draft_spec = None  # no draft model is used: loading one would only cost time and memory
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
+                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              top_k=top_k, seed=seed, stop=stop)
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out)
+    if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
+        engine.generate(text, DecodeConfig.create(method, cfg.drafter, cfg.num_draft_tokens,
+                                                  max_new_tokens=4, temperature=temperature), raw=raw)
+    label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
+    gen = engine.stream(text, cfg, raw=raw)
+    for chunk in gen:
+        if not json_out:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    result = gen.result()
+    out = result.to_dict()
+    if not json_out:
+        sys.stdout.write("\n")
+        print(_summary(label, out["stats"]), file=sys.stderr)
+    if compare_ar:
+        ar_cfg = DecodeConfig.create("ar", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop)
+        ar = engine.generate(text, ar_cfg, raw=raw)
+        speedup = ar.stats.wall_s / result.stats.wall_s if result.stats.wall_s > 0 else 0.0
+        same = ar.token_ids == result.token_ids
+        out["ar"] = {"stats": ar.stats.to_dict(), "token_ids_equal": same}
+        out["speedup"] = round(speedup, 3)
+        if not json_out:
+            print(_summary("ar", out["ar"]["stats"]), file=sys.stderr)
+            print(f"speedup over autoregressive: {speedup:.2f}x (wall time, same prompt, same process); "
+                  f"output identical to autoregressive: {same}", file=sys.stderr)
+    if json_out:
+        print(json.dumps(out))
+
+
+@models_app.callback()
+def models_list(ctx: typer.Context):
+    """List the embedded models with their state (missing / downloaded / ready), size and path."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .models import cache_root, list_models
+
+    print(f"cache: {cache_root()}  (set LOOSESPEC_CACHE to move it)")
+    print(f"{'name':30} {'state':11} {'size':>9}  path")
+    for m in list_models():
+        size = f"{m.size_bytes / 1e9:.2f} GB" if m.size_bytes else "-"
+        print(f"{m.name:30} {m.state:11} {size:>9}  {m.path}")
+
+
+@models_app.command("pull")
+def models_pull(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDDED)}, or 'all'.")):
+    """Download, verify (sha256) and convert an embedded model once, with a progress bar."""
+    from .models import pull
+
+    for n in (list(EMBEDDED) if name == "all" else [name]):
+        print(pull(n, progress=True))
+
+
+def main() -> None:
+    try:
+        app()
+    except LoosespecError as e:
+        print(f"loosespec: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("loosespec: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Frozen, validated decoding configuration.
+
+Field names are the public names everywhere: CLI flags (``--num-draft-tokens``), ``--json``
+output, result files and (later) server request fields. Where vLLM or transformers already has a
+name for a knob, loosespec uses it (``prompt_lookup_max``, ``prompt_lookup_min``, ``top_p``,
+``top_k``, ``max_new_tokens``, ``seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .errors import LoosespecError
+
+METHODS = {
+    "ar": "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
+    "exact": "greedy speculative decoding, exact-match verification (lossless)",
+    "rejection": "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
+}
+DRAFTERS = {
+    "ngram": "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
+    "model": "a small draft model, autoregressive",
+    "mla": "draft model accelerated by n-gram lookup (FLy's multi-level acceleration)",
+}
+# Draft length per round when --num-draft-tokens is not given: PLD's 10 for n-gram lookup,
+# FLy's K = 15 for MLA; 8 for a plain draft model (it stops earlier on low confidence anyway).
+DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 10, "model": 8, "mla": 15}
+
+
+def default_drafter(method: str, has_draft_model: bool) -> str | None:
+    """``ar`` has none; otherwise ``mla`` with a draft model, ``ngram`` without."""
+    if method == "ar":
+        return None
+    return "mla" if has_draft_model else "ngram"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that decides what one generation computes (models and prompt aside)."""
+
+    method: str = "exact"
+    drafter: str | None = None  # None only for method "ar"
+    num_draft_tokens: int = 10  # K: draft tokens proposed per round
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    prompt_lookup_max: int = 3  # n-gram lookup: longest suffix n-gram tried first
+    prompt_lookup_min: int = 1
+    mla_lookup_tokens: int = 6  # MLA: n-gram candidates per draft-model forward (FLy's M)
+    draft_confidence_threshold: float = 0.3  # model drafter, greedy: stop drafting below this top prob
+
+    def __post_init__(self):
+        def bad(msg: str):
+            raise LoosespecError(msg)
+
+        if self.method not in METHODS:
+            bad(f"unknown method '{self.method}'; choose one of: {', '.join(METHODS)}")
+        if self.method == "ar":
+            if self.drafter is not None:
+                bad("method 'ar' uses no drafter; drop --drafter or pick a speculative method")
+        elif self.drafter not in DRAFTERS:
+            bad(f"unknown drafter '{self.drafter}'; choose one of: {', '.join(DRAFTERS)}")
+        if self.method == "exact" and self.temperature != 0.0:
+            bad("method 'exact' is greedy (temperature 0); use --method rejection to sample")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            bad(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
+            bad(f"num_draft_tokens must be a positive integer, got {self.num_draft_tokens}")
+        if not (self.temperature >= 0.0):
+            bad(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad(f"top_k must be a non-negative integer (0 disables it), got {self.top_k}")
+        if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
+            bad("need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if self.mla_lookup_tokens < 1:
+            bad(f"mla_lookup_tokens must be >= 1, got {self.mla_lookup_tokens}")
+        if not (0.0 <= self.draft_confidence_threshold <= 1.0):
+            bad(f"draft_confidence_threshold must be in [0, 1], got {self.draft_confidence_threshold}")
+        if any(not s for s in self.stop):
+            bad("stop strings must be non-empty")
+
+    @classmethod
+    def create(cls, method: str = "exact", drafter: str | None = None, num_draft_tokens: int | None = None,
+               has_draft_model: bool = False, **kw) -> "DecodeConfig":
+        """Build a config, filling the drafter and draft length defaults the way the CLI does."""
+        if drafter is None:
+            drafter = default_drafter(method, has_draft_model)
+        if num_draft_tokens is None:
+            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
+        if "stop" in kw:
+            kw["stop"] = tuple(kw["stop"] or ())
+        return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["stop"] = list(self.stop)
+        return d

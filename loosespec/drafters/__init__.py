@@ -1,0 +1,14 @@
+"""Drafters: objects that propose up to ``k`` tokens to continue a sequence.
+
+A drafter has one method, ``propose(seq, k) -> Draft``, and a ``forwards`` counter (draft-model
+forwards; 0 for pure n-gram lookup). Drafters keep no hidden state that correctness depends on:
+a model drafter's KV cache is a memo (see :mod:`loosespec.kv`) and follows whatever sequence it
+is asked to continue.
+"""
+
+from .base import Draft, Drafter
+from .mla import MlaDrafter
+from .model import ModelDrafter
+from .ngram import NgramDrafter, ngram_lookup
+
+__all__ = ["Draft", "Drafter", "NgramDrafter", "ModelDrafter", "MlaDrafter", "ngram_lookup"]

@@ -1,0 +1,256 @@
+"""The decode loop, and the engine object that holds the loaded models.
+
+One loop serves every method: ``ar`` is the same loop with an empty draft (one target token per
+round), so the speedup baseline is measured by the same code as the methods it is compared with.
+What varies is passed in: the drafter (who proposes) and the rule (who decides).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from . import __version__
+from .config import DecodeConfig
+from .drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
+from .drafters.base import EMPTY_DRAFT
+from .errors import LoosespecError
+from .kv import CachedLM
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
+from .stats import Stats
+from .text import TextAssembler, encode_prompt, end_token_ids
+from .verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
+
+# ---------------------------------------------------------------------------------------------
+# Rules: callables (draft, target logits [K + 1, V]) -> Verdict
+# ---------------------------------------------------------------------------------------------
+
+
+class GreedyRule:
+    """Exact match against the target's argmax (lossless)."""
+
+    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        return greedy_verify(draft.tokens, logits)
+
+
+class RejectionRule:
+    """Speculative sampling (lossless in distribution); with an empty draft, plain sampling."""
+
+    def __init__(self, sampling: SamplingParams, generator: torch.Generator | None):
+        self.sampling = sampling
+        self.generator = generator
+
+    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        p = logits_to_probs(logits, self.sampling)  # [K + 1, V]
+        q = draft.probs
+        if q is not None and q.shape[-1] != p.shape[-1]:  # same tokenizer, padded embedding widths
+            width = p.shape[-1]
+            q = q[:, :width] if q.shape[-1] > width else torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+        return rejection_verify(draft.tokens, q, p, self.generator)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work so wall-clock timers measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def decode(
+    target: CachedLM,
+    drafter: Drafter | None,
+    rule,
+    prompt_ids: torch.Tensor,  # [P] int64, CPU
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    stop_ids: Collection[int],
+    stats: Stats,
+) -> Iterator[list[int]]:
+    """Yield committed token chunks until an end token or ``max_new_tokens``."""
+    seq = prompt_ids
+    produced = 0
+    while produced < max_new_tokens:
+        # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
+        k = min(num_draft_tokens, max_new_tokens - produced - 1)
+        draft = drafter.propose(seq, k) if drafter is not None and k > 0 else EMPTY_DRAFT
+        # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
+        logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
+        # 3. rule: accepted prefix + one correction-or-bonus token
+        verdict = rule(draft, logits)
+        # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
+        tokens = verdict.tokens.tolist()
+        end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        if end is not None:
+            tokens = tokens[: end + 1]
+        seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
+        produced += len(tokens)
+        # 5. stats
+        stats.record_round(drafted=len(draft), accepted=min(verdict.num_accepted, len(tokens)), emitted=len(tokens))
+        # 6. stream
+        yield tokens
+        if end is not None:
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: loaded models + the objects each config needs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end token or stop string) | "length"
+    stats: Stats
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict(), "config": self.config}
+
+
+class Generation:
+    """A running generation: iterate for text chunks; ``result()`` when done (drains it first)."""
+
+    def __init__(self, engine: "Engine", prompt_ids: torch.Tensor, cfg: DecodeConfig, config_dict: dict):
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.cfg = cfg
+        self.config = config_dict
+        self.stats = Stats(prompt_tokens=int(prompt_ids.shape[0]))
+        self.assembler = TextAssembler(engine.tokenizer, cfg.stop)
+        self.finish_reason = "length"
+        self._iter = self._run()
+        self._done = False
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._iter
+
+    def _run(self) -> Iterator[Chunk]:
+        e, cfg = self.engine, self.cfg
+        drafter, rule = e.build(cfg)
+        target_f0 = e.target_lm.forwards
+        draft_f0 = drafter.forwards if drafter is not None else 0
+        e.target_lm.reset()
+        if e.draft_lm is not None:
+            e.draft_lm.reset()
+        sync(e.device)
+        start = time.perf_counter()
+        try:
+            for tokens in decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens,
+                                 cfg.num_draft_tokens, e.stop_ids, self.stats):
+                if self.stats.rounds == 1:
+                    sync(e.device)
+                    self.stats.ttft_s = time.perf_counter() - start
+                delta = self.assembler.push(tokens)
+                if self.assembler.stopped or tokens[-1] in e.stop_ids:
+                    self.finish_reason = "stop"
+                if delta or self.assembler.stopped:
+                    yield Chunk(tokens, delta)
+                if self.assembler.stopped:
+                    break
+            tail = self.assembler.finish()
+            if tail:
+                yield Chunk([], tail)
+        finally:
+            sync(e.device)
+            self.stats.wall_s = time.perf_counter() - start
+            self.stats.target_forwards = e.target_lm.forwards - target_f0
+            self.stats.draft_forwards = (drafter.forwards - draft_f0) if drafter is not None else 0
+            self.stats.new_tokens = len(self.assembler.token_ids)
+            self._done = True
+
+    def result(self) -> GenerationResult:
+        for _ in self._iter:
+            pass
+        a = self.assembler
+        return GenerationResult(a.text, list(a.token_ids), self.finish_reason, self.stats, self.config)
+
+
+class Engine:
+    """Target (and optional draft) model, loaded once, serving any method and drafter.
+
+    >>> eng = Engine.load("smollm2-135m-instruct", draft=None, dtype="float32")
+    >>> cfg = DecodeConfig.create("exact", max_new_tokens=32)
+    >>> print(eng.generate("Write a haiku about caches.", cfg).text)
+    """
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
+        if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer):
+            raise LoosespecError(
+                f"draft '{draft.name}' and target '{target.name}' use different tokenizers; "
+                "choose a draft from the target's family (cross-tokenizer drafting is not supported yet)"
+            )
+        self.target = target
+        self.draft = draft
+        self.tokenizer = target.tokenizer
+        self.target_lm = CachedLM(target.model)
+        self.draft_lm = CachedLM(draft.model) if draft is not None else None
+        self.device = self.target_lm.device
+        self.stop_ids = end_token_ids(target.model, target.tokenizer)
+
+    @classmethod
+    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "bfloat16",
+             device: str = "auto", progress: bool = True) -> "Engine":
+        t = load(target, dtype, device, progress)
+        d = load(draft, dtype, str(t.model.device), progress) if draft not in (None, "none") else None
+        return cls(t, d)
+
+    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, object]:
+        """The drafter and rule a config asks for, with a fresh seeded generator."""
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+        if cfg.drafter in ("model", "mla") and self.draft_lm is None:
+            raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
+        drafter: Drafter | None
+        if cfg.drafter is None:
+            drafter = None
+        elif cfg.drafter == "ngram":
+            drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
+        elif cfg.drafter == "model":
+            drafter = ModelDrafter(self.draft_lm, sampling, generator, self.stop_ids, cfg.draft_confidence_threshold)
+        else:
+            drafter = MlaDrafter(self.draft_lm, sampling, generator, self.stop_ids, max_ngram=4,
+                                 lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
+        rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
+        return drafter, rule
+
+    def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
+        """Everything needed to reproduce a run."""
+        import transformers
+
+        def model_info(m: LoadedModel | None):
+            if m is None:
+                return None
+            return {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
+                    "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
+
+        return {**cfg.to_dict(), "lossy": False, "target": model_info(self.target), "draft": model_info(self.draft),
+                "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
+                "transformers": transformers.__version__}
+
+    def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:
+        ids = prompt if isinstance(prompt, torch.Tensor) else encode_prompt(self.tokenizer, prompt, raw)
+        if ids.numel() == 0:
+            raise LoosespecError("empty prompt")
+        return Generation(self, ids, cfg, self.config_dict(cfg, raw))
+
+    def generate(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig,
+                 raw: bool = False) -> GenerationResult:
+        return self.stream(prompt, cfg, raw).result()

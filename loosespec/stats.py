@@ -1,0 +1,71 @@
+"""Per-run statistics (methods.md §6), with vLLM's and Spec-Bench's conventions.
+
+- ``mean_accepted_length`` (tau) = emitted tokens / rounds, the bonus or correction token
+  included, so plain autoregressive decoding has tau = 1.
+- ``acceptance_rate`` = accepted draft tokens / drafted tokens.
+- ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one.
+- ``wall_s`` covers prefill and decoding (model loading excluded); ``ttft_s`` is the time to the
+  first committed token; ``tokens_per_s`` = new_tokens / wall_s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+    prompt_tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per position: rounds drafting it
+    accepted_at: list[int] = field(default_factory=list)  # per position: rounds accepting it
+
+    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.rounds += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.new_tokens += emitted
+        if drafted > len(self.drafted_at):
+            grow = drafted - len(self.drafted_at)
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "rounds": self.rounds,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "per_position_acceptance": [round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at)],
+            "wall_s": round(self.wall_s, 4),
+            "ttft_s": round(self.ttft_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+        }

@@ -1,0 +1,18 @@
+"""Acceptance rules: pure functions on tensors, no model, cache or config object inside.
+
+Vocabulary (methods.md): one **round** is the draft proposing ``K`` tokens ``d[0..K-1]`` and the
+target scoring ``[last_committed, d_0 .. d_{K-1}]`` in one forward, which gives ``K + 1`` rows of
+logits ``z[0..K]`` (row ``j`` predicts the token at draft position ``j``). A rule keeps
+``num_accepted`` draft tokens (a prefix) and emits exactly one more target token: the
+**correction** at the first rejected position, or the **bonus** after a fully accepted draft.
+"""
+
+from .exact import first_false, greedy_verify, match_mask, prefix_verdict
+from .rejection import rejection_verify
+from .sampling import SamplingParams, logits_to_probs, sample
+from .types import Verdict
+
+__all__ = [
+    "Verdict", "SamplingParams", "logits_to_probs", "sample", "match_mask", "first_false",
+    "prefix_verdict", "greedy_verify", "rejection_verify",
+]

