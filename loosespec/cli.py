@@ -6,6 +6,7 @@ no traceback reaches the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from typing import Optional
 os.environ.setdefault("TYPER_USE_RICH", "0")  # plain one-screen click errors, no boxed tracebacks
 import typer  # noqa: E402
 
-from .config import DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, METHODS  # noqa: E402
+from .config import DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, FLY_NUM_DRAFT_TOKENS, METHODS, DecodeConfig  # noqa: E402
 from .errors import LoosespecError  # noqa: E402
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
 
@@ -27,8 +28,13 @@ app.add_typer(models_app, name="models")
 _METHOD_HELP = "; ".join(f"{k}: {v}" for k, v in METHODS.items())
 _DRAFTER_HELP = "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
     ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
-    + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items())
+    + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items()) + f"; {FLY_NUM_DRAFT_TOKENS} for fly"
 )
+
+
+def _default(name: str):
+    """The DecodeConfig default, so the CLI and the library cannot disagree."""
+    return DecodeConfig.__dataclass_fields__[name].default
 
 
 def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
@@ -72,21 +78,31 @@ def generate(
     method: str = typer.Option("exact", help=_METHOD_HELP),
     drafter: Optional[str] = typer.Option(None, help=_DRAFTER_HELP),
     num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per round (K)."),
-    max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0, help="0 disables top-k."),
-    seed: int = typer.Option(0),
+    max_new_tokens: int = typer.Option(_default("max_new_tokens"), help="Stop after this many new tokens."),
+    temperature: float = typer.Option(_default("temperature"), help="0 = greedy."),
+    top_p: float = typer.Option(_default("top_p")),
+    top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
+    seed: int = typer.Option(_default("seed")),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
+    fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats; 0 disables "
+                                                "the gate, above ln(top-k) no mismatch is ever deferred."),
+    fly_entropy_top_k: int = typer.Option(_default("fly_entropy_top_k"), help="FLy (lossy): entropy over the target's top-k probabilities."),
+    fly_sampling: str = typer.Option(_default("fly_sampling"), help="FLy (lossy) at temperature > 0: two-sample (official "
+                                     "code, greedy draft) | rejection (loose rule on rejection sampling)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
     compare_ar: bool = typer.Option(False, "--compare-ar",
                                     help="Also run plain autoregressive decoding on the same prompt and report the speedup."),
 ):
-    """Generate a completion, streaming it to the terminal (or as one JSON object with --json)."""
-    from .config import DecodeConfig
+    """Generate a completion, streaming it to the terminal (or as one JSON object with --json).
+
+    Methods ar, exact and rejection are lossless. fly is LOSSY: it accepts some draft tokens the
+    target would not have chosen, so its output differs from the target's own; its results carry
+    "lossy": true.
+    """
     from .engine import Engine
 
     text = _read_prompt(prompt, prompt_file)
@@ -95,12 +111,15 @@ def generate(
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
     cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed, stop=stop)
+                              top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
+                              fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
+                              fly_sampling=fly_sampling)
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
-        engine.generate(text, DecodeConfig.create(method, cfg.drafter, cfg.num_draft_tokens,
-                                                  max_new_tokens=4, temperature=temperature), raw=raw)
+        engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
+    if cfg.lossy:
+        label += ", LOSSY"
     gen = engine.stream(text, cfg, raw=raw)
     for chunk in gen:
         if not json_out:

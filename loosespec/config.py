@@ -17,7 +17,11 @@ METHODS = {
     "ar": "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
     "exact": "greedy speculative decoding, exact-match verification (lossless)",
     "rejection": "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
+    "fly": "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
+           "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
 }
+LOSSY_METHODS = frozenset({"fly"})
+FLY_SAMPLING = ("two-sample", "rejection")
 DRAFTERS = {
     "ngram": "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
     "model": "a small draft model, autoregressive",
@@ -26,6 +30,7 @@ DRAFTERS = {
 # Draft length per round when --num-draft-tokens is not given: PLD's 10 for n-gram lookup,
 # FLy's K = 15 for MLA; 8 for a plain draft model (it stops earlier on low confidence anyway).
 DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 10, "model": 8, "mla": 15}
+FLY_NUM_DRAFT_TOKENS = 15  # FLy's K, whatever the drafter
 
 
 def default_drafter(method: str, has_draft_model: bool) -> str | None:
@@ -52,6 +57,15 @@ class DecodeConfig:
     prompt_lookup_min: int = 1
     mla_lookup_tokens: int = 6  # MLA: n-gram candidates per draft-model forward (FLy's M)
     draft_confidence_threshold: float = 0.3  # model drafter, greedy: stop drafting below this top prob
+    # FLy (method "fly"); names as in the vLLM FLy port
+    fly_window_size: int = 6  # W, counting the mismatch itself (the official code's meaning)
+    fly_entropy_threshold: float = 0.3  # theta; 0 disables the gate, > ln(top_k) closes it
+    fly_entropy_top_k: int = 3
+    fly_sampling: str = "two-sample"  # T > 0: "two-sample" (official code) | "rejection" (vLLM port)
+
+    @property
+    def lossy(self) -> bool:
+        return self.method in LOSSY_METHODS
 
     def __post_init__(self):
         def bad(msg: str):
@@ -83,6 +97,14 @@ class DecodeConfig:
             bad(f"mla_lookup_tokens must be >= 1, got {self.mla_lookup_tokens}")
         if not (0.0 <= self.draft_confidence_threshold <= 1.0):
             bad(f"draft_confidence_threshold must be in [0, 1], got {self.draft_confidence_threshold}")
+        if not isinstance(self.fly_window_size, int) or self.fly_window_size < 1:
+            bad(f"fly_window_size must be a positive integer, got {self.fly_window_size}")
+        if not (self.fly_entropy_threshold >= 0.0):
+            bad(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold}")
+        if not isinstance(self.fly_entropy_top_k, int) or self.fly_entropy_top_k < 1:
+            bad(f"fly_entropy_top_k must be a positive integer, got {self.fly_entropy_top_k}")
+        if self.fly_sampling not in FLY_SAMPLING:
+            bad(f"unknown fly_sampling '{self.fly_sampling}'; choose one of: {', '.join(FLY_SAMPLING)}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
 
@@ -93,7 +115,7 @@ class DecodeConfig:
         if drafter is None:
             drafter = default_drafter(method, has_draft_model)
         if num_draft_tokens is None:
-            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
+            num_draft_tokens = FLY_NUM_DRAFT_TOKENS if method == "fly" else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"] or ())
         return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw)
@@ -101,4 +123,5 @@ class DecodeConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
+        d["lossy"] = self.lossy
         return d

@@ -23,6 +23,7 @@ from .models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_token
 from .stats import Stats
 from .text import TextAssembler, encode_prompt, end_token_ids
 from .verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
+from .verify.fly import fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
 
 # ---------------------------------------------------------------------------------------------
 # Rules: callables (draft, target logits [K + 1, V]) -> Verdict
@@ -36,6 +37,15 @@ class GreedyRule:
         return greedy_verify(draft.tokens, logits)
 
 
+def _draft_probs(draft: Draft, width: int) -> torch.Tensor | None:
+    """The draft's q, cut or zero-padded to the target's vocabulary width (same tokenizer,
+    embedding matrices padded to different sizes)."""
+    q = draft.probs
+    if q is None or q.shape[-1] == width:
+        return q
+    return q[:, :width] if q.shape[-1] > width else torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+
+
 class RejectionRule:
     """Speculative sampling (lossless in distribution); with an empty draft, plain sampling."""
 
@@ -45,11 +55,27 @@ class RejectionRule:
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
         p = logits_to_probs(logits, self.sampling)  # [K + 1, V]
-        q = draft.probs
-        if q is not None and q.shape[-1] != p.shape[-1]:  # same tokenizer, padded embedding widths
-            width = p.shape[-1]
-            q = q[:, :width] if q.shape[-1] > width else torch.nn.functional.pad(q, (0, width - q.shape[-1]))
-        return rejection_verify(draft.tokens, q, p, self.generator)
+        return rejection_verify(draft.tokens, _draft_probs(draft, p.shape[-1]), p, self.generator)
+
+
+class FlyRule:
+    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0."""
+
+    def __init__(self, cfg: DecodeConfig, sampling: SamplingParams, generator: torch.Generator | None):
+        self.sampling = sampling
+        self.generator = generator
+        self.variant = "greedy" if sampling.greedy else cfg.fly_sampling
+        self.knobs = {"theta": cfg.fly_entropy_threshold, "window_size": cfg.fly_window_size,
+                      "top_k": cfg.fly_entropy_top_k}
+
+    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        if self.variant == "greedy":
+            return fly_verify_greedy(draft.tokens, logits, **self.knobs)
+        p = logits_to_probs(logits, self.sampling)
+        if self.variant == "two-sample":
+            return fly_verify_two_sample(draft.tokens, logits, p, self.generator, **self.knobs)
+        return fly_verify_rejection(draft.tokens, _draft_probs(draft, p.shape[-1]), logits, p, self.generator,
+                                    **self.knobs)
 
 
 def sync(device: torch.device) -> None:
@@ -94,7 +120,7 @@ def decode(
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)
         # 5. stats
-        stats.record_round(drafted=len(draft), accepted=min(verdict.num_accepted, len(tokens)), emitted=len(tokens))
+        stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), verdict.events)
         # 6. stream
         yield tokens
         if end is not None:
@@ -108,6 +134,8 @@ def decode(
 
 @dataclass
 class Chunk:
+    """One round's committed token ids and the text they release (may be "" while held back)."""
+
     token_ids: list[int]
     text: str
 
@@ -137,7 +165,6 @@ class Generation:
         self.assembler = TextAssembler(engine.tokenizer, cfg.stop)
         self.finish_reason = "length"
         self._iter = self._run()
-        self._done = False
 
     def __iter__(self) -> Iterator[Chunk]:
         return self._iter
@@ -158,11 +185,12 @@ class Generation:
                 if self.stats.rounds == 1:
                     sync(e.device)
                     self.stats.ttft_s = time.perf_counter() - start
+                before = len(self.assembler.token_ids)
                 delta = self.assembler.push(tokens)
                 if self.assembler.stopped or tokens[-1] in e.stop_ids:
                     self.finish_reason = "stop"
-                if delta or self.assembler.stopped:
-                    yield Chunk(tokens, delta)
+                # every round's committed ids (cut at a stop string); text may be held back ("")
+                yield Chunk(self.assembler.token_ids[before:], delta)
                 if self.assembler.stopped:
                     break
             tail = self.assembler.finish()
@@ -174,7 +202,6 @@ class Generation:
             self.stats.target_forwards = e.target_lm.forwards - target_f0
             self.stats.draft_forwards = (drafter.forwards - draft_f0) if drafter is not None else 0
             self.stats.new_tokens = len(self.assembler.token_ids)
-            self._done = True
 
     def result(self) -> GenerationResult:
         for _ in self._iter:
@@ -216,6 +243,8 @@ class Engine:
         """The drafter and rule a config asks for, with a fresh seeded generator."""
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+        # FLy's two-sample variant drafts greedily, as the official code does
+        draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
         if cfg.drafter in ("model", "mla") and self.draft_lm is None:
             raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
         drafter: Drafter | None
@@ -224,11 +253,15 @@ class Engine:
         elif cfg.drafter == "ngram":
             drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
         elif cfg.drafter == "model":
-            drafter = ModelDrafter(self.draft_lm, sampling, generator, self.stop_ids, cfg.draft_confidence_threshold)
+            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self.stop_ids,
+                                   cfg.draft_confidence_threshold)
         else:
-            drafter = MlaDrafter(self.draft_lm, sampling, generator, self.stop_ids, max_ngram=4,
+            drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self.stop_ids, max_ngram=4,
                                  lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
-        rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
+        if cfg.method == "fly":
+            rule = FlyRule(cfg, sampling, generator)
+        else:
+            rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
         return drafter, rule
 
     def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
@@ -241,7 +274,7 @@ class Engine:
             return {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
                     "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
 
-        return {**cfg.to_dict(), "lossy": False, "target": model_info(self.target), "draft": model_info(self.draft),
+        return {**cfg.to_dict(), "target": model_info(self.target), "draft": model_info(self.draft),
                 "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
                 "transformers": transformers.__version__}
 

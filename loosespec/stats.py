@@ -4,12 +4,15 @@
   included, so plain autoregressive decoding has tau = 1.
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens.
 - ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one.
+- rule counters (FLy: ``fly_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
+  ``fly_window_rejects``, ``fly_boundary_rejects``) are summed over rounds.
 - ``wall_s`` covers prefill and decoding (model loading excluded); ``ttft_s`` is the time to the
   first committed token; ``tokens_per_s`` = new_tokens / wall_s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -26,9 +29,12 @@ class Stats:
     prompt_tokens: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per position: rounds drafting it
     accepted_at: list[int] = field(default_factory=list)  # per position: rounds accepting it
+    events: dict[str, int] = field(default_factory=dict)  # a rule's own counters (FLy), summed
 
-    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, emitted: int, events: Mapping[str, int] | None = None) -> None:
         self.rounds += 1
+        for name, count in (events or {}).items():
+            self.events[name] = self.events.get(name, 0) + count
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.new_tokens += emitted
@@ -68,4 +74,5 @@ class Stats:
             "wall_s": round(self.wall_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            **self.events,
         }

@@ -31,6 +31,7 @@ def make_tiny_tokenizer():
 
 
 def make_tiny_model(seed: int, layers: int = 2):
+    """A randomly initialised Llama-architecture model, float32, seeded."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -46,13 +47,29 @@ def make_tiny_model(seed: int, layers: int = 2):
     return model
 
 
+def perturbed_copy(model, noise: float, seed: int):
+    """A draft that agrees with the target often but not always, like a real small sibling:
+    every weight gets Gaussian noise of ``noise`` times that tensor's standard deviation."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * noise)
+    return draft
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    """On-disk tiny target and draft (same tokenizer) usable as --target/--draft paths."""
+    """On-disk tiny target and draft (same tokenizer) usable as --target/--draft paths.
+
+    The draft is the target with 5% weight noise: on the test prompt it accepts about a third of
+    its greedy draft tokens, so both the accept and the reject paths run."""
     root = tmp_path_factory.mktemp("tiny")
     tok = make_tiny_tokenizer()
-    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
-        model = make_tiny_model(seed, layers)
+    target = make_tiny_model(0)
+    for name, model in (("target", target), ("draft", perturbed_copy(target, 0.05, seed=1))):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     return root

@@ -35,6 +35,7 @@ def test_exact_equals_ar_for_every_drafter(tiny_engine, ar_ids, drafter):
     assert r.stats.target_forwards == r.stats.rounds
     if drafter != "ngram":
         assert r.stats.draft_forwards > 0
+        assert 0 < r.stats.accepted_tokens < r.stats.drafted_tokens  # accept and reject paths both ran
 
 
 def test_fewer_target_forwards_than_ar_with_lookup(tiny_engine, ar_ids):
@@ -113,8 +114,11 @@ def test_ar_sampling_reproducible(tiny_engine):
 
 def test_streamed_chunks_add_up(tiny_engine):
     gen = tiny_engine.stream(PROMPT, DecodeConfig.create("exact", "ngram", max_new_tokens=50), raw=True)
-    text = "".join(c.text for c in gen)
+    chunks = list(gen)
+    text = "".join(c.text for c in chunks)
     assert text == gen.result().text
+    assert [t for c in chunks for t in c.token_ids] == gen.result().token_ids
+    assert len(chunks) >= gen.result().stats.rounds
     assert text == tiny_engine.tokenizer.decode(gen.result().token_ids, skip_special_tokens=True)
 
 

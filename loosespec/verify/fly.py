@@ -1,0 +1,179 @@
+"""FLy: training-free loosely speculative verification (LOSSY by design).
+
+FLy keeps a mismatching draft token when the target was uncertain at that position (entropy
+gate) and the draft "stays on track" afterwards (deferred window): the output is no longer the
+target's own output, and every speed claim made with it must be paired with an accuracy
+measurement. Spec: ``methods.md`` §3.
+
+Given draft ``d[0..K-1]`` and the target's choice ``t[0..K]`` (argmax when greedy), start from the
+exact-match mask ``E_j = (d_j == t_j)``. A mismatch at ``j`` is *deferred* (the draft token kept) iff
+
+1. **gate**: ``H_j >= theta``, with ``H_j`` the entropy of the target's top-k probabilities
+   (k = ``fly_entropy_top_k`` = 3; probabilities from the full softmax, not renormalised; natural
+   log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always. A mismatch with
+   ``H_j < theta`` is a *hard reject* (the target is confident).
+2. **window**: positions ``j+1 .. j+W-1`` are all exact matches. ``W = fly_window_size`` counts
+   the mismatch itself: this is the official code's meaning; the paper's prose says "the next W
+   tokens", which would be one more.
+3. **boundary**: the window fits: ``j <= K - W - 1`` (the official code's bound, one stricter
+   than the window strictly needs; kept so results match the reference implementation).
+
+Mismatches inside another mismatch's window are ordinary (the window is judged on ``E``, never on
+other deferrals). Final mask ``A = E or deferred``; the verdict keeps ``d[0:n]`` for the first
+``n`` with ``A_n`` False and emits ``t_n`` (correction) or, if all are kept, ``t_K`` (bonus).
+
+Worked example (K = 15, W = 6, theta = 0.3)::
+
+    E = T T F T T T T T T F T T T T T      H_2 = 0.5, H_9 = 0.8
+    j = 2: gate open, window 3..7 all match, 2 <= 8  -> deferred, draft token kept
+    j = 9: gate open, window 10..14 all match, but 9 > 15 - 6 - 1 = 8  -> boundary reject
+    verdict: d[0..8] kept (9 tokens) + t_9  -> 10 tokens
+
+Each condition is a separate function returning a ``[K]`` bool mask and :func:`loose_mask`
+composes any of them, so ablations are compositions: ``window only`` = ``loose_mask(E, window,
+boundary)``, ``gate only`` = ``loose_mask(E, gate)``.
+
+Sampling (T > 0) comes in two honestly named variants: ``two-sample`` (the official code: the
+draft is greedy and ``d_j`` "matches" when it equals either of two target samples; lossy even
+before loosening) and ``rejection`` (the loose rule layered on lossless rejection sampling: a
+natively rejected position may be deferred under the same gate, window and boundary, the window
+judged by native acceptance, as in the vLLM port).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .exact import first_false, match_mask, prefix_verdict
+from .rejection import native_accept, next_token
+from .sampling import sample
+from .types import Verdict
+
+def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
+    """Entropy (nats) of the top-k probabilities of the full softmax, not renormalised.
+
+    logits:  [N, V] float
+    returns: [N] float32, in [0, ln k]
+
+    p = (0.9, 0.05, 0.03, ...) -> -(0.9 ln 0.9 + 0.05 ln 0.05 + 0.03 ln 0.03) ~= 0.349
+    """
+    logits = logits.float()
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).values  # [N, k]
+    logp = top - logits.logsumexp(dim=-1, keepdim=True)  # log-probabilities of the full softmax
+    return -(logp.exp() * logp).nan_to_num(nan=0.0).sum(-1)  # p log p -> 0 for masked (-inf) logits
+
+
+def gate_open(entropy: torch.Tensor, theta: float) -> torch.Tensor:
+    """[K] True where the target is uncertain enough for a mismatch to be deferred (``H_j >= theta``)."""
+    return entropy >= theta
+
+
+def window_clear(match: torch.Tensor, window_size: int) -> torch.Tensor:
+    """[K] True where positions ``j+1 .. j+W-1`` that lie inside the draft are all exact matches.
+
+    Whether the window fits inside the draft at all is :func:`within_boundary`'s business.
+    """
+    k = match.shape[0]
+    miss = torch.cat([torch.zeros(1, dtype=torch.long, device=match.device), (~match).long().cumsum(0)])  # [K+1]
+    j = torch.arange(k, device=match.device)
+    lo = (j + 1).clamp(max=k)
+    hi = (j + window_size).clamp(max=k)  # exclusive end of the window, cut at the draft's end
+    return (miss[hi] - miss[lo]) == 0
+
+
+def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[K] True where a mismatch's window fits in a draft of length K: ``j <= K - W - 1``."""
+    return torch.arange(k, device=device) <= k - window_size - 1
+
+
+def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
+    """``E or (not E and all conditions)``: accept a mismatch when every condition holds there."""
+    deferred = ~match
+    for c in conditions:
+        deferred = deferred & c
+    return match | deferred
+
+
+def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int) -> torch.Tensor:
+    """FLy's final acceptance mask: gate, window and boundary composed (see module docstring)."""
+    k = match.shape[0]
+    return loose_mask(match, gate_open(entropy, theta), window_clear(match, window_size),
+                      within_boundary(k, window_size, match.device))
+
+
+def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
+               accept: torch.Tensor) -> dict[str, int]:
+    """Counters for the mismatches the rule actually ruled on (positions up to the first reject).
+
+    ``fly_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
+    mismatch is attributed to the first condition it fails in that order.
+    """
+    n = first_false(accept)
+    upto = slice(0, min(n + 1, match.shape[0]))
+    miss = ~match[upto]
+    gate = gate_open(entropy[: miss.shape[0]], theta)
+    window = window_clear(match, window_size)[upto]
+    bound = within_boundary(match.shape[0], window_size, match.device)[upto]
+    deferred = miss & accept[upto]
+    hard = miss & ~gate
+    window_rej = miss & gate & ~window
+    bound_rej = miss & gate & window & ~bound
+    return {"fly_mismatches": int(miss.sum()), "fly_deferred": int(deferred.sum()),
+            "fly_hard_rejects": int(hard.sum()), "fly_window_rejects": int(window_rej.sum()),
+            "fly_boundary_rejects": int(bound_rej.sum())}
+
+
+def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3,
+                      window_size: int = 6, top_k: int = 3) -> Verdict:
+    """FLy on greedy targets (LOSSY). draft_tokens: [K]; target_logits: [K + 1, V]."""
+    target_tokens = target_logits.argmax(-1)  # [K + 1]
+    draft_tokens = draft_tokens.to(target_tokens.device)
+    match = match_mask(draft_tokens, target_tokens)
+    return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k)
+
+
+def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
+                          generator: torch.Generator | None, theta: float = 0.3, window_size: int = 6,
+                          top_k: int = 3) -> Verdict:
+    """FLy as in the official code for T > 0 (LOSSY even before loosening).
+
+    A draft token matches when it equals either of two samples from the target's distribution;
+    the emitted correction or bonus is the first sample.
+    target_logits: [K + 1, V] raw (for the entropy); target_probs: [K + 1, V] after
+    temperature/top-k/top-p.
+    """
+    draft_tokens = draft_tokens.to(target_probs.device)
+    k = draft_tokens.shape[0]
+    first, second = sample(target_probs, generator), sample(target_probs, generator)  # [K + 1] each
+    match = (draft_tokens == first[:k]) | (draft_tokens == second[:k])
+    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k)
+
+
+def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                         target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = 0.3,
+                         window_size: int = 6, top_k: int = 3) -> Verdict:
+    """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
+
+    ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
+    deferral as in :func:`fly_mask`; the correction at the first final reject is drawn from
+    ``normalize(max(0, p - q))`` as in lossless rejection sampling, the bonus from ``p_K``.
+    """
+    device = target_probs.device
+    draft_tokens = draft_tokens.to(device)
+    draft_probs = draft_probs.to(device) if draft_probs is not None else None
+    match = native_accept(draft_tokens, draft_probs, target_probs, generator)
+    k = draft_tokens.shape[0]
+    entropy = topk_entropy(target_logits[:k], top_k)
+    accept = fly_mask(match, entropy, theta, window_size)
+    n = first_false(accept)
+    nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
+    return Verdict(n, torch.cat([draft_tokens[:n], nxt]), fly_events(match, entropy, theta, window_size, accept))
+
+
+def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k) -> Verdict:
+    entropy = topk_entropy(target_logits[: draft_tokens.shape[0]], top_k)
+    accept = fly_mask(match, entropy, theta, window_size)
+    verdict = prefix_verdict(accept, draft_tokens, target_tokens)
+    return replace(verdict, events=fly_events(match, entropy, theta, window_size, accept))

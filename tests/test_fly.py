@@ -1,0 +1,180 @@
+"""FLy's rule, piece by piece and composed, on hand-built masks, entropies and logits."""
+
+import math
+
+import pytest
+import torch
+
+from loosespec.verify.fly import (fly_mask, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample,
+                                  gate_open, loose_mask, topk_entropy, window_clear, within_boundary)
+
+T, F = True, False
+
+
+def mask(*bits):
+    return torch.tensor(bits, dtype=torch.bool)
+
+
+def entropies(k, **at):
+    """Entropy 0 everywhere (target confident) except the given positions."""
+    h = torch.zeros(k)
+    for pos, value in at.items():
+        h[int(pos[1:])] = value
+    return h
+
+
+# --- the worked example (methods.md §3, issue #3) ---------------------------------------------
+
+WORKED = mask(T, T, F, T, T, T, T, T, T, F, T, T, T, T, T)
+
+
+def test_worked_example_mask():
+    a = fly_mask(WORKED, entropies(15, p2=0.5, p9=0.8), theta=0.3, window_size=6)
+    # position 2 deferred (window 3..7 clean, 2 <= 15-6-1); position 9 fails the boundary (9 > 8)
+    assert a.tolist() == [T, T, T, T, T, T, T, T, T, F, T, T, T, T, T]
+
+
+def logits_from(target_tokens, entropy_rows, vocab=50):
+    """Logits whose argmax is target_tokens[j]; rows in entropy_rows get a flatter top-3."""
+    z = torch.full((len(target_tokens), vocab), -20.0)
+    for j, t in enumerate(target_tokens):
+        z[j, t] = 10.0
+        if j in entropy_rows:  # three near-equal candidates: top-3 entropy ~ ln 3
+            z[j, (t + 1) % vocab] = 9.9
+            z[j, (t + 2) % vocab] = 9.8
+    return z
+
+
+def test_worked_example_end_to_end_rule():
+    target = list(range(1, 17))  # K + 1 = 16 rows
+    draft = torch.tensor(target[:15])
+    draft[2], draft[9] = 40, 41  # the two mismatches
+    v = fly_verify_greedy(draft, logits_from(target, {2, 9}), theta=0.3, window_size=6)
+    assert v.num_accepted == 9
+    assert v.tokens.tolist() == draft[:9].tolist() + [target[9]]  # 9 kept (40 at 2 included) + target's 10
+    assert len(v.tokens) == 10
+    assert v.events == {"fly_mismatches": 2, "fly_deferred": 1, "fly_hard_rejects": 0,
+                        "fly_window_rejects": 0, "fly_boundary_rejects": 1}
+
+
+# --- each condition alone -----------------------------------------------------------------------
+
+def test_entropy_hand_computation():
+    p = torch.tensor([0.9, 0.05, 0.03, 0.02])
+    h = topk_entropy(torch.log(p).unsqueeze(0), k=3)
+    expect = -(0.9 * math.log(0.9) + 0.05 * math.log(0.05) + 0.03 * math.log(0.03))
+    assert abs(float(h) - expect) < 1e-5 and abs(float(h) - 0.35) < 0.01
+
+
+def test_entropy_not_renormalised_and_bounded():
+    uniform = torch.zeros(1, 10)  # top-3 probabilities 0.1 each: 3 * 0.1 * ln 10, not ln 3
+    assert abs(float(topk_entropy(uniform, 3)) - 0.3 * math.log(10)) < 1e-5
+    three = torch.log(torch.tensor([[1 / 3, 1 / 3, 1 / 3, 1e-12]]))
+    assert abs(float(topk_entropy(three, 3)) - math.log(3)) < 1e-4  # the maximum, ln 3
+
+
+def test_gate_at_threshold_is_open():
+    assert gate_open(torch.tensor([0.29, 0.3, 0.31]), 0.3).tolist() == [F, T, T]
+    assert gate_open(torch.tensor([0.0, 0.5]), 0.0).all()  # theta = 0 disables the gate
+
+
+def test_window_counts_the_mismatch_itself():
+    m = mask(F, T, T, F, T, T, T)
+    # W = 3: position j needs j+1, j+2 clean: 0 yes; 1 and 2 no (3 is a mismatch); 3 yes (4, 5)
+    assert window_clear(m, 3).tolist() == [T, F, F, T, T, T, T]
+    assert window_clear(m, 1).all()  # W = 1: nothing after the mismatch is checked
+
+
+def test_boundary_is_the_official_bound():
+    assert within_boundary(15, 6).tolist() == [j <= 8 for j in range(15)]
+    assert not within_boundary(4, 6).any()  # a window longer than the draft never fits
+    assert within_boundary(4, 1).tolist() == [T, T, T, F]  # W = 1: j <= K - 2
+
+
+# --- boundary cases of the composition ----------------------------------------------------------
+
+def test_window_does_not_fit():
+    m = mask(T, T, T, T, T, T, T, F, T, T)  # K = 10, W = 6: bound j <= 3
+    assert fly_mask(m, entropies(10, p7=1.0), 0.3, 6).tolist() == m.tolist()
+
+
+def test_two_mismatches_inside_one_window():
+    # mismatch at 1 has another at 3 inside its window: 1 is not deferred; 3 is judged on its own
+    m = mask(T, F, T, F, T, T, T, T, T, T, T, T, T, T, T)
+    a = fly_mask(m, entropies(15, p1=1.0, p3=1.0), 0.3, 6)
+    assert a[1].item() is False
+    assert a[3].item() is True  # its window 4..8 is clean and 3 <= 8
+
+
+def test_window_longer_than_draft_is_exact():
+    m = mask(T, F, T, T)
+    assert fly_mask(m, entropies(4, p1=1.0), 0.0, 6).tolist() == m.tolist()
+
+
+def test_theta_zero_defers_confident_mismatches():
+    m = mask(F, T, T, T, T, T, T, T, T, T)
+    assert fly_mask(m, torch.zeros(10), 0.0, 6)[0].item() is True   # gate disabled
+    assert fly_mask(m, torch.zeros(10), 0.3, 6)[0].item() is False  # confident target: hard reject
+
+
+def test_window_size_one():
+    m = mask(T, F, F, T)
+    # every uncertain mismatch up to K - 2 is kept; the last position never is
+    assert fly_mask(m, torch.ones(4), 0.3, 1).tolist() == [T, T, T, T]
+    assert fly_mask(mask(T, T, T, F), torch.ones(4), 0.3, 1).tolist() == [T, T, T, F]
+
+
+def test_ablations_are_compositions():
+    m = mask(F, T, T, T, T, T, T, T, T, T)
+    h = torch.zeros(10)  # confident everywhere
+    window_only = loose_mask(m, window_clear(m, 6), within_boundary(10, 6))
+    gate_only = loose_mask(m, gate_open(h, 0.3))
+    assert window_only[0].item() is True and gate_only[0].item() is False
+    assert torch.equal(loose_mask(m), torch.ones(10, dtype=torch.bool))  # no conditions: accept all
+
+
+def test_gate_closed_equals_exact_on_random_cases():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        k = int(torch.randint(1, 16, (1,), generator=g))
+        m = torch.rand(k, generator=g) < 0.7
+        h = torch.rand(k, generator=g) * math.log(3)
+        assert torch.equal(fly_mask(m, h, math.log(3) + 1e-3, 6), m)
+
+
+# --- sampling variants ---------------------------------------------------------------------------
+
+def test_two_sample_matches_either_sample_and_is_seeded():
+    probs = torch.tensor([[0.5, 0.5, 0.0]] * 4)
+    logits = torch.log(probs.clamp_min(1e-9))
+    draft = torch.tensor([0, 1, 0])
+    runs = [fly_verify_two_sample(draft, logits, probs, torch.Generator().manual_seed(s), theta=10.0).tokens.tolist()
+            for s in (1, 1, 2)]
+    assert runs[0] == runs[1]
+    # with two samples from {0, 1} a draft token matches with probability 3/4 per position
+    g = torch.Generator().manual_seed(0)
+    kept = sum(fly_verify_two_sample(torch.tensor([0]), logits[:2], probs[:2], g, theta=10.0).num_accepted
+               for _ in range(4000))
+    assert abs(kept / 4000 - 0.75) < 0.03
+
+
+def test_rejection_variant_defers_a_native_reject():
+    # row 0: p(d_0) = 0 -> native reject for sure; uncertain row (entropy ~ ln 3); rows 1..7 certain matches
+    k = 8
+    probs = torch.zeros(k + 1, 6)
+    probs[0, 1:4] = 1 / 3
+    for j in range(1, k + 1):
+        probs[j, 5] = 1.0
+    logits = torch.log(probs.clamp_min(1e-12))
+    draft = torch.tensor([0] + [5] * (k - 1))
+    g = torch.Generator().manual_seed(0)
+    loose = fly_verify_rejection(draft, None, logits, probs, g, theta=0.3, window_size=3)
+    assert loose.num_accepted == k and loose.events["fly_deferred"] == 1
+    strict = fly_verify_rejection(draft, None, logits, probs, g, theta=2.0, window_size=3)
+    assert strict.num_accepted == 0 and strict.tokens[0].item() in (1, 2, 3)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_tiny_drafts(k):
+    v = fly_verify_greedy(torch.arange(k), torch.randn(k + 1, 7))
+    assert v.tokens.shape[0] == v.num_accepted + 1 <= k + 1
