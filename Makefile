@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test demo bench-speed clean-venv
+.PHONY: setup test test-full demo bench-speed bench-fly rule-cost clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/loosespec models pull smollm2-135m-instruct
+	$(BIN)/python -m pytest -q -m "not default_pair"
+
+# everything, including the tests on the default Qwen pair (slow on a CPU; prepares ~11 GB)
+test-full: setup
+	$(BIN)/loosespec models pull smollm2-135m-instruct
 	$(BIN)/python -m pytest -q
 
 demo: setup
@@ -30,11 +35,20 @@ demo: setup
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/loosespec generate --compare-ar --max-new-tokens 128 --prompt-file examples/demo_prompt.txt
 
-# issue #2 speed check: first 5 HumanEval prompts, 1.5B target, bf16, 128 new tokens, greedy
+# lossless methods vs transformers: first 5 HumanEval prompts, 1.5B target, bf16, 128 new tokens, greedy
 bench-speed: setup
-	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
-	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
-	$(BIN)/python benchmarks/speed_vs_hf.py --limit 5 --max-new-tokens 128 --out results/speed_vs_hf.json
+	$(BIN)/python benchmarks/speed.py --prompts humaneval:5 --max-new-tokens 128 \
+		--methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist --out results/speed_lossless.json
+
+# FLy (lossy) vs exact per category; BENCH_N prompts per category (the issue asks for 10)
+BENCH_N ?= 10
+bench-fly: setup
+	$(BIN)/python benchmarks/speed.py --max-new-tokens 256 \
+		--prompts humaneval:$(BENCH_N),specbench/summarization:$(BENCH_N),specbench/math_reasoning:$(BENCH_N) \
+		--methods ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld --out results/speed_fly.json
+
+rule-cost: setup
+	$(BIN)/python benchmarks/rule_cost.py
 
 clean-venv:
 	rm -rf $(VENV)

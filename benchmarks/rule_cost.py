@@ -1,0 +1,83 @@
+"""What the acceptance rules cost next to the verify forward they follow.
+
+Times the target's verify forward over K + 1 tokens (after a prompt in the cache) and each rule on
+logits of that shape, on the same device:
+
+    python benchmarks/rule_cost.py                       # default target, bf16, K = 15
+    python benchmarks/rule_cost.py --target smollm2-135m-instruct --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from loosespec.engine import sync
+from loosespec.kv import CachedLM
+from loosespec.models import load
+from loosespec.verify import SamplingParams, greedy_verify, logits_to_probs, rejection_verify
+from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection
+
+
+def timed(fn, device, repeat: int) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("-k", "--num-draft-tokens", type=int, default=15)
+    ap.add_argument("--prompt-tokens", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    m = load(args.target, args.dtype, args.device)
+    lm = CachedLM(m.model)
+    g = torch.Generator().manual_seed(0)
+    vocab = len(m.tokenizer)
+    prompt = torch.randint(0, vocab, (args.prompt_tokens,), generator=g)
+    draft = torch.randint(0, vocab, (args.num_draft_tokens,), generator=g)
+    seq = torch.cat([prompt, draft])
+    lm.logits(prompt, rows=1)  # the prompt is cached; each timed call recomputes only K + 1 positions
+
+    def forward():  # asking for K + 1 rows rolls the cache back to the prompt and recomputes them
+        lm.logits(seq, rows=args.num_draft_tokens + 1)
+
+    logits = lm.logits(seq, rows=args.num_draft_tokens + 1)
+    draft_dev = draft.to(lm.device)
+    gen = torch.Generator(device=lm.device).manual_seed(0)
+    sampling = SamplingParams(0.7)
+    rules = {
+        "exact": lambda: greedy_verify(draft_dev, logits),
+        "fly (greedy)": lambda: fly_verify_greedy(draft_dev, logits),
+        "rejection (T=0.7, probs included)": lambda: rejection_verify(draft_dev, None, logits_to_probs(logits, sampling), gen),
+        "fly rejection (T=0.7, probs included)": lambda: fly_verify_rejection(
+            draft_dev, None, logits, logits_to_probs(logits, sampling), gen),
+    }
+    fwd = timed(forward, lm.device, args.repeat)
+    print(f"{args.target} ({args.dtype}, {lm.device}): verify forward over {args.num_draft_tokens + 1} tokens "
+          f"after {args.prompt_tokens} cached: {fwd * 1e3:.1f} ms (median of {args.repeat})")
+    print("| rule | ms | share of the verify forward |")
+    print("| --- | ---: | ---: |")
+    for name, fn in rules.items():
+        t = timed(fn, lm.device, 50)
+        print(f"| {name} | {t * 1e3:.3f} | {100 * t / fwd:.2f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

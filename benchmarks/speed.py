@@ -1,0 +1,196 @@
+"""Side-by-side speed of loosespec's methods and transformers' own speculative decoding.
+
+Same process, same loaded models, same chat-formatted prompt ids, interleaved per prompt (machine
+drift hits every method alike), one warm-up per method excluded from timing.
+
+    # issue #2: lossless methods vs transformers on the first 5 HumanEval prompts
+    python benchmarks/speed.py --prompts humaneval:5 --max-new-tokens 128 \\
+        --methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist
+    # issue #3: FLy vs exact, per category
+    python benchmarks/speed.py --prompts humaneval:10,specbench/summarization:10,specbench/math_reasoning:10 \\
+        --max-new-tokens 256 --methods ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld
+
+Methods: ``<method>-<drafter>`` for loosespec (``ar``, ``exact-ngram``, ``fly-mla``, ...) and the
+peers ``hf-ar`` (``generate()``), ``hf-pld`` (``generate(prompt_lookup_num_tokens=10)``) and
+``hf-assist`` (``generate(assistant_model=draft)``, transformers' defaults: 20 tokens, confidence
+threshold 0.4). Greedy throughout. Speedup = total ``ar`` wall time / total method wall time over
+the same prompts. Every output is compared with ``ar``'s: lossless methods should agree (bf16
+matmuls of different shapes can flip a near-tie, so agreement is counted, not assumed); for the
+lossy FLy the count of differing outputs and a few side-by-side examples are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from loosespec import DecodeConfig, Engine
+from loosespec.engine import sync
+from loosespec.text import encode_prompt
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+HF_METHODS = ("hf-ar", "hf-pld", "hf-assist")
+
+
+def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str]]:
+    """``humaneval:N`` and ``specbench/<category>:N`` -> [(category, id, prompt text)]."""
+    out = []
+    for part in spec.split(","):
+        name, _, n = part.partition(":")
+        limit = int(n) if n else None
+        if name == "humaneval":
+            rows = [json.loads(x) for x in (data / "humaneval.jsonl").read_text().splitlines()][:limit]
+            out += [("humaneval", r["task_id"], "Complete the following Python function.\n\n```python\n"
+                     + r["prompt"] + "```") for r in rows]
+        elif name.startswith("specbench/"):
+            cat = name.split("/", 1)[1]
+            rows = [json.loads(x) for x in (data / "spec_bench_question.jsonl").read_text().splitlines()]
+            rows = [r for r in rows if r["category"] == cat][:limit]
+            if not rows:
+                raise SystemExit(f"no Spec-Bench prompts in category '{cat}'")
+            out += [(cat, str(r["question_id"]), r["turns"][0]) for r in rows]
+        else:
+            raise SystemExit(f"unknown prompt set '{name}' (humaneval:N or specbench/<category>:N)")
+    return out
+
+
+HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
+
+
+def hf_generate(engine: Engine, method: str, ids: torch.Tensor, max_new: int) -> tuple[list[int], float]:
+    """transformers' own ``generate`` on the same model and prompt ids; returns (new ids, wall s)."""
+    from transformers import GenerationConfig
+
+    eos = sorted(engine.stop_ids)
+    gc = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                          pad_token_id=engine.tokenizer.pad_token_id or eos[0], **HF_GENERATION_KWARGS[method])
+    extra = {"assistant_model": engine.draft.model, "tokenizer": engine.tokenizer} if method == "hf-assist" else {}
+    inp = ids.unsqueeze(0).to(engine.device)
+    sync(engine.device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = engine.target.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gc, **extra)
+    sync(engine.device)
+    return out[0, inp.shape[1]:].tolist(), time.perf_counter() - t
+
+
+def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int) -> dict:
+    if method in HF_GENERATION_KWARGS:
+        tokens, wall = hf_generate(engine, method, ids, max_new)
+        return {"token_ids": tokens, "wall_s": wall, "mean_accepted_length": None, "lossy": False}
+    name, _, drafter = method.partition("-")
+    cfg = DecodeConfig.create(name, drafter or None, max_new_tokens=max_new, has_draft_model=engine.draft is not None)
+    r = engine.generate(ids, cfg)
+    return {"token_ids": r.token_ids, "wall_s": r.stats.wall_s, "mean_accepted_length": r.stats.mean_accepted_length,
+            "acceptance_rate": r.stats.acceptance_rate, "target_forwards": r.stats.target_forwards,
+            "draft_forwards": r.stats.draft_forwards, "lossy": cfg.lossy, "events": r.stats.events}
+
+
+def summarize(rows: list[dict], methods: list[str]) -> dict:
+    """Per category (and "all"): speedup over ar, tokens/s, mean accepted length, outputs equal to ar."""
+    ar = {(r["category"], r["id"]): r for r in rows if r["method"] == "ar"}
+    table: dict = defaultdict(dict)
+    for cat in sorted({r["category"] for r in rows}) + ["all"]:
+        picked = [r for r in rows if cat in ("all", r["category"])]
+        ar_wall = sum(r["wall_s"] for r in picked if r["method"] == "ar")
+        for m in methods:
+            mine = [r for r in picked if r["method"] == m]
+            wall = sum(r["wall_s"] for r in mine)
+            toks = sum(len(r["token_ids"]) for r in mine)
+            taus = [r["mean_accepted_length"] for r in mine if r["mean_accepted_length"] is not None]
+            same = sum(r["token_ids"] == ar[(r["category"], r["id"])]["token_ids"] for r in mine)
+            table[cat][m] = {"speedup": round(ar_wall / wall, 3), "wall_s": round(wall, 2),
+                             "tokens_per_s": round(toks / wall, 3),
+                             "mean_accepted_length": round(sum(taus) / len(taus), 3) if taus else None,
+                             "identical_to_ar": same, "prompts": len(mine), "lossy": mine[0]["lossy"]}
+    return dict(table)
+
+
+def print_table(table: dict) -> None:
+    for cat, per_method in table.items():
+        print(f"\n## {cat}\n")
+        print("| method | speedup | tok/s | mean accepted length | outputs identical to ar |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for m, s in per_method.items():
+            tau = f"{s['mean_accepted_length']:.2f}" if s["mean_accepted_length"] is not None else "-"
+            label = m + (" (lossy)" if s["lossy"] else "")
+            print(f"| {label} | {s['speedup']:.2f}x | {s['tokens_per_s']:.2f} | {tau} | "
+                  f"{s['identical_to_ar']}/{s['prompts']} |")
+
+
+def print_differences(engine: Engine, rows: list[dict], methods: list[str], examples: int) -> None:
+    """Side-by-side excerpts where a lossy method's output differs from ar's."""
+    ar = {(r["category"], r["id"]): r for r in rows if r["method"] == "ar"}
+    shown = 0
+    for r in rows:
+        if shown >= examples or not r["lossy"] or r["token_ids"] == ar[(r["category"], r["id"])]["token_ids"]:
+            continue
+        a = engine.tokenizer.decode(ar[(r["category"], r["id"])]["token_ids"], skip_special_tokens=True)
+        b = engine.tokenizer.decode(r["token_ids"], skip_special_tokens=True)
+        sm = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+        first = next(op for op in sm.get_opcodes() if op[0] != "equal")
+        lo = max(0, first[1] - 60)
+        print(f"\n### {r['category']} {r['id']}, {r['method']} vs ar (first difference at char {first[1]})\n")
+        print("ar:     " + json.dumps(a[lo:first[2] + 80]))
+        print(f"{r['method']}: " + json.dumps(b[max(0, first[3] - 60):first[4] + 80]))
+        shown += 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompts", default="humaneval:5", help="humaneval:N,specbench/<category>:N,...")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--methods", default="ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist")
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--examples", type=int, default=3, help="side-by-side differences to print for lossy methods")
+    ap.add_argument("--out", type=Path, help="write per-prompt rows and the summary as JSON")
+    args = ap.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+    for m in methods:  # fail before loading models
+        if m not in HF_GENERATION_KWARGS:
+            name, _, drafter = m.partition("-")
+            DecodeConfig.create(name, drafter or None, has_draft_model=True)
+
+    engine = Engine.load(args.target, args.draft, dtype=args.dtype, device=args.device)
+    prompts = [(cat, pid, encode_prompt(engine.tokenizer, text)) for cat, pid, text in load_prompts(args.prompts, args.data)]
+    print(f"# {args.target} <- {args.draft}, {args.dtype} on {engine.device} ({platform.machine()}, "
+          f"{torch.get_num_threads()} threads), {len(prompts)} prompts ({args.prompts}), "
+          f"{args.max_new_tokens} new tokens, greedy", file=sys.stderr)
+    for m in methods:  # warm-up, not timed
+        run_one(engine, m, prompts[0][2], 8)
+
+    rows = []
+    for cat, pid, ids in prompts:
+        for m in methods:
+            r = run_one(engine, m, ids, args.max_new_tokens)
+            rows.append({"category": cat, "id": pid, "method": m, **r})
+            print(f"{cat:14} {pid:14} {m:12} {len(r['token_ids']):4d} tok {r['wall_s']:7.2f} s", file=sys.stderr)
+
+    table = summarize(rows, methods)
+    print(f"\n{args.target} <- {args.draft}, {args.dtype}, {engine.device}, {args.prompts}, "
+          f"{args.max_new_tokens} new tokens, greedy")
+    print_table(table)
+    print_differences(engine, rows, methods, args.examples)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        cfg = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.out.write_text(json.dumps({"config": cfg, "summary": table, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

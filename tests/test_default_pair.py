@@ -1,0 +1,31 @@
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft, bfloat16). Slow on a CPU, and
+it prepares about 11 GB of models: run by ``make test-full``, not by ``make test``/CI."""
+
+import pytest
+
+from loosespec import DecodeConfig
+
+pytestmark = pytest.mark.default_pair
+
+PROMPTS = [
+    "Write a Python function that returns the longest common prefix of a list of strings.",
+    "Explain in two sentences what a KV cache is.",
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_engine():
+    from loosespec import Engine
+
+    return Engine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", dtype="bfloat16",
+                       device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "mla"])
+def test_fly_accepts_at_least_as_much_as_exact(qwen_engine, drafter):
+    exact_tau = fly_tau = 0.0
+    for p in PROMPTS:
+        kw = dict(num_draft_tokens=15, max_new_tokens=64, has_draft_model=True)
+        exact_tau += qwen_engine.generate(p, DecodeConfig.create("exact", drafter, **kw)).stats.mean_accepted_length
+        fly_tau += qwen_engine.generate(p, DecodeConfig.create("fly", drafter, **kw)).stats.mean_accepted_length
+    assert fly_tau >= exact_tau
