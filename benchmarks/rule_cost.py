@@ -1,7 +1,8 @@
-"""What the acceptance rules cost next to the verify forward they follow.
+"""What forwards and acceptance rules cost on this machine.
 
-Times the target's verify forward over K + 1 tokens (after a prompt in the cache) and each rule on
-logits of that shape, on the same device:
+Times the target's prefill, a 1-token forward and a verify forward over K + 1 tokens (after a
+prompt in the cache), and each rule on logits of that shape, on the same device. The ratio of the
+verify forward to the 1-token forward decides how much speculative decoding can gain here:
 
     python benchmarks/rule_cost.py                       # default target, bf16, K = 15
     python benchmarks/rule_cost.py --target smollm2-135m-instruct --dtype float32
@@ -52,10 +53,13 @@ def main(argv=None) -> int:
     prompt = torch.randint(0, vocab, (args.prompt_tokens,), generator=g)
     draft = torch.randint(0, vocab, (args.num_draft_tokens,), generator=g)
     seq = torch.cat([prompt, draft])
-    lm.logits(prompt, rows=1)  # the prompt is cached; each timed call recomputes only K + 1 positions
+    prefill = timed(lambda: (lm.reset(), lm.logits(prompt, rows=1)), lm.device, 1)  # leaves the prompt cached
 
     def forward():  # asking for K + 1 rows rolls the cache back to the prompt and recomputes them
         lm.logits(seq, rows=args.num_draft_tokens + 1)
+
+    def one_token():
+        lm.logits(seq[: args.prompt_tokens + 1], rows=1)
 
     logits = lm.logits(seq, rows=args.num_draft_tokens + 1)
     draft_dev = draft.to(lm.device)
@@ -69,8 +73,12 @@ def main(argv=None) -> int:
             draft_dev, None, logits, logits_to_probs(logits, sampling), gen),
     }
     fwd = timed(forward, lm.device, args.repeat)
-    print(f"{args.target} ({args.dtype}, {lm.device}): verify forward over {args.num_draft_tokens + 1} tokens "
-          f"after {args.prompt_tokens} cached: {fwd * 1e3:.1f} ms (median of {args.repeat})")
+    one = timed(one_token, lm.device, args.repeat)
+    print(f"{args.target} ({args.dtype}, {lm.device}), medians of {args.repeat}:")
+    print(f"  prefill of {args.prompt_tokens} tokens: {prefill * 1e3:.0f} ms")
+    print(f"  1-token forward after {args.prompt_tokens} cached: {one * 1e3:.1f} ms")
+    print(f"  verify forward over {args.num_draft_tokens + 1} tokens after {args.prompt_tokens} cached: "
+          f"{fwd * 1e3:.1f} ms ({fwd / one:.1f}x the 1-token forward)")
     print("| rule | ms | share of the verify forward |")
     print("| --- | ---: | ---: |")
     for name, fn in rules.items():
