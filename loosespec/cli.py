@@ -1,4 +1,4 @@
-"""``loosespec`` command line: generate, models.
+"""``loosespec`` command line: generate, calibrate, models.
 
 Errors from bad input are printed as one line (``loosespec: error: ...``) with exit status 2;
 no traceback reaches the terminal.
@@ -61,11 +61,23 @@ def resolve_draft(draft: str, target: str) -> Optional[str]:
     return draft
 
 
+def _unescape(text: str) -> str:
+    """``\\n`` typed on a command line -> a newline (and the other Python string escapes)."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise LoosespecError(f"bad escape in {text!r}: {e.reason}") from e
+
+
 def _summary(label: str, s: dict) -> str:
-    return (f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
+    line = (f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
             f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
             f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
             f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s")
+    if "steps" in s:
+        line += (f", steps {s['steps']} ({s['accepted_steps']} from the draft, {s['target_steps']} from the target), "
+                 f"mean score {s['mean_score']:.3f}")
+    return line
 
 
 @app.command()
@@ -91,6 +103,21 @@ def generate(
     fly_entropy_top_k: int = typer.Option(_default("fly_entropy_top_k"), help="FLy (lossy): entropy over the target's top-k probabilities."),
     fly_sampling: str = typer.Option(_default("fly_sampling"), help="FLy (lossy) at temperature > 0: two-sample (official "
                                      "code, greedy draft) | rejection (loose rule on rejection sampling)."),
+    sg_candidates: int = typer.Option(_default("sg_candidates"), help="SpecGuard (lossy): draft candidates per step, the first greedy."),
+    sg_temperature: float = typer.Option(_default("sg_temperature"), help="SpecGuard (lossy): sampling temperature of the other candidates."),
+    sg_beta: float = typer.Option(_default("sg_beta"), help="SpecGuard (lossy): score = beta * confidence + (1 - beta) * grounding."),
+    sg_tau: float = typer.Option(_default("sg_tau"), help="SpecGuard (lossy): accept a drafted step iff its score >= tau "
+                                 "(0 accepts all, above 1 none; default calibrated on GSM8K, see README)."),
+    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1], help="SpecGuard (lossy): text that ends a "
+                                     "step; backslash escapes such as \\n are interpreted."),
+    sg_embedder: str = typer.Option(_default("sg_embedder"), help="SpecGuard (lossy): draft (mean-pooled draft hidden "
+                                    "states) | sentence-transformer (all-MiniLM-L6-v2, pip install 'loosespec[sentence-transformer]')."),
+    sg_on_reject: str = typer.Option(_default("sg_on_reject"), help="SpecGuard (lossy): on a rejected step, draft-assisted "
+                                     "(the target verifies the candidate, then continues with --drafter) | regenerate "
+                                     "(the target writes the step alone, as in the paper)."),
+    sg_verify: str = typer.Option(_default("sg_verify"), help="SpecGuard (lossy), draft-assisted: exact | fly rule for "
+                                  "verifying the rejected candidate."),
+    sg_max_step_tokens: int = typer.Option(_default("sg_max_step_tokens"), help="SpecGuard (lossy): cut a step at this many tokens."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
@@ -99,21 +126,24 @@ def generate(
 ):
     """Generate a completion, streaming it to the terminal (or as one JSON object with --json).
 
-    Methods ar, exact and rejection are lossless. fly is LOSSY: it accepts some draft tokens the
-    target would not have chosen, so its output differs from the target's own; its results carry
-    "lossy": true.
+    Methods ar, exact and rejection are lossless. fly and specguard are LOSSY: fly accepts some
+    draft tokens the target would not have chosen, specguard whole draft steps; their output
+    differs from the target's own and their results carry "lossy": true.
     """
     from .engine import Engine
 
     text = _read_prompt(prompt, prompt_file)
     draft_spec = resolve_draft(draft, target)
-    if method == "ar" or drafter == "ngram":
+    if method == "ar" or (drafter == "ngram" and method != "specguard"):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
     cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
                               fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
-                              fly_sampling=fly_sampling)
+                              fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,
+                              sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter),
+                              sg_embedder=sg_embedder, sg_on_reject=sg_on_reject, sg_verify=sg_verify,
+                              sg_max_step_tokens=sg_max_step_tokens)
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
@@ -131,9 +161,7 @@ def generate(
         sys.stdout.write("\n")
         print(_summary(label, out["stats"]), file=sys.stderr)
     if compare_ar:
-        ar_cfg = DecodeConfig.create("ar", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, stop=stop)
-        ar = engine.generate(text, ar_cfg, raw=raw)
+        ar = engine.generate(text, dataclasses.replace(cfg, method="ar", drafter=None), raw=raw)
         speedup = ar.stats.wall_s / result.stats.wall_s if result.stats.wall_s > 0 else 0.0
         same = ar.token_ids == result.token_ids
         out["ar"] = {"stats": ar.stats.to_dict(), "token_ids_equal": same}
@@ -142,8 +170,67 @@ def generate(
             print(_summary("ar", out["ar"]["stats"]), file=sys.stderr)
             print(f"speedup over autoregressive: {speedup:.2f}x (wall time, same prompt, same process); "
                   f"output identical to autoregressive: {same}", file=sys.stderr)
+            if not same:
+                at = next((i for i, (a, b) in enumerate(zip(ar.token_ids, result.token_ids)) if a != b),
+                          min(len(ar.token_ids), len(result.token_ids)))
+                why = ("the method is lossy" if cfg.lossy else
+                       f"in {dtype} a forward over several tokens rounds differently from a 1-token forward "
+                       "and can flip a near-tie; --dtype float32 makes lossless methods match exactly")
+                print(f"first difference at new token {at}: {why}", file=sys.stderr)
     if json_out:
         print(json.dumps(out))
+
+
+@app.command()
+def calibrate(
+    method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),
+    dataset: str = typer.Option("gsm8k", help="Evaluation set (gsm8k)."),
+    limit: int = typer.Option(20, help="First N problems of the set."),
+    accept_rate: Optional[float] = typer.Option(None, help="Share of steps the proposed tau should accept; default: "
+                                                "the share of steps the target wrote exactly as the draft did."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (SpecGuard drafts steps with it)."),
+    drafter: Optional[str] = typer.Option(None, help="Token-level drafter of the target's steps (default mla)."),
+    max_new_tokens: int = typer.Option(256),
+    sg_candidates: int = typer.Option(_default("sg_candidates")),
+    sg_temperature: float = typer.Option(_default("sg_temperature")),
+    sg_beta: float = typer.Option(_default("sg_beta")),
+    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1]),
+    sg_embedder: str = typer.Option(_default("sg_embedder")),
+    seed: int = typer.Option(_default("seed")),
+    dtype: str = typer.Option("bfloat16"),
+    device: str = typer.Option("auto"),
+    data_dir: Optional[Path] = typer.Option(None, help="Folder with the evaluation sets (default: $LOOSESPEC_DATA or "
+                                            "shared/data beside the checkout)."),
+    out: Optional[Path] = typer.Option(None, help="Write the proposal, score distributions and step records here (JSON)."),
+):
+    """Propose SpecGuard's tau (LOSSY method) from scored steps the target also wrote.
+
+    Every step is written by the target (tau above 1, draft-assisted exact verification), while its
+    draft candidate is still scored; a step "agrees" when the target wrote exactly the candidate.
+    Prints the proposed tau, its accept rate, precision and recall, and the score distributions.
+    """
+    from .calibrate import calibrate_specguard
+    from .datasets import load_dataset
+    from .engine import Engine
+
+    if method != "specguard":
+        raise LoosespecError(f"calibrate supports method 'specguard' only (it has the threshold tau), got '{method}'")
+    if accept_rate is not None and not (0.0 < accept_rate <= 1.0):
+        raise LoosespecError(f"accept_rate must be in (0, 1], got {accept_rate}")
+    problems = load_dataset(dataset, limit, data_dir)
+    cfg = DecodeConfig.create("specguard", drafter, has_draft_model=True, max_new_tokens=max_new_tokens, seed=seed,
+                              sg_candidates=sg_candidates, sg_temperature=sg_temperature, sg_beta=sg_beta,
+                              sg_delimiter=_unescape(sg_delimiter), sg_embedder=sg_embedder)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    engine = Engine.load(target, draft, dtype=dtype, device=device)
+    report = calibrate_specguard(engine, problems, cfg, accept_rate)
+    report["command"] = " ".join(["loosespec"] + sys.argv[1:])
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({"proposal": report["proposal"], "scores": report["scores"],
+                      "problems": report["problems"], "steps": len(report["steps"])}, indent=1))
 
 
 @models_app.callback()

@@ -19,9 +19,18 @@ METHODS = {
     "rejection": "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
     "fly": "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
            "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
+    "specguard": "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when its "
+                 "attention grounding and confidence agree, else the target writes the step. LOSSY: output "
+                 "differs from the target's",
 }
-LOSSY_METHODS = frozenset({"fly"})
+LOSSY_METHODS = frozenset({"fly", "specguard"})
 FLY_SAMPLING = ("two-sample", "rejection")
+SG_EMBEDDERS = ("draft", "sentence-transformer")
+SG_ON_REJECT = ("draft-assisted", "regenerate")
+SG_VERIFY = ("exact", "fly")
+# SpecGuard's tau: the papers publish none. Provisional mid-range value until `make calibrate-specguard`
+# (loosespec calibrate on GSM8K with the default pair) has produced results/calibration_specguard.json.
+DEFAULT_SG_TAU = 0.5
 DRAFTERS = {
     "ngram": "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
     "model": "a small draft model, autoregressive",
@@ -62,6 +71,16 @@ class DecodeConfig:
     fly_entropy_threshold: float = 0.3  # theta; 0 disables the gate, > ln(top_k) closes it
     fly_entropy_top_k: int = 3
     fly_sampling: str = "two-sample"  # T > 0: "two-sample" (official code) | "rejection" (vLLM port)
+    # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
+    sg_candidates: int = 4  # k draft candidates per step, the first greedy
+    sg_temperature: float = 0.7  # sampling temperature of the other candidates
+    sg_beta: float = 0.3  # S = beta * confidence + (1 - beta) * grounding
+    sg_tau: float = DEFAULT_SG_TAU  # accept a step iff S >= tau
+    sg_delimiter: str = "\n\n"  # a step ends with it (or an end token)
+    sg_embedder: str = "draft"  # "draft" (mean-pooled draft hidden states) | "sentence-transformer"
+    sg_on_reject: str = "draft-assisted"  # "draft-assisted" (candidate as draft) | "regenerate" (target alone)
+    sg_verify: str = "exact"  # rule verifying the candidate in draft-assisted mode: "exact" | "fly"
+    sg_max_step_tokens: int = 128  # a step longer than this is cut (and scored) there
 
     @property
     def lossy(self) -> bool:
@@ -105,6 +124,24 @@ class DecodeConfig:
             bad(f"fly_entropy_top_k must be a positive integer, got {self.fly_entropy_top_k}")
         if self.fly_sampling not in FLY_SAMPLING:
             bad(f"unknown fly_sampling '{self.fly_sampling}'; choose one of: {', '.join(FLY_SAMPLING)}")
+        if not isinstance(self.sg_candidates, int) or self.sg_candidates < 1:
+            bad(f"sg_candidates must be a positive integer, got {self.sg_candidates}")
+        if not (self.sg_temperature > 0.0):
+            bad(f"sg_temperature must be > 0 (the first candidate is always greedy), got {self.sg_temperature}")
+        if not (0.0 <= self.sg_beta <= 1.0):
+            bad(f"sg_beta must be in [0, 1], got {self.sg_beta}")
+        if not (self.sg_tau >= 0.0):
+            bad(f"sg_tau must be >= 0 (scores lie in [0, 1]; above 1 rejects every step), got {self.sg_tau}")
+        if not self.sg_delimiter:
+            bad("sg_delimiter must be a non-empty string")
+        if self.sg_embedder not in SG_EMBEDDERS:
+            bad(f"unknown sg_embedder '{self.sg_embedder}'; choose one of: {', '.join(SG_EMBEDDERS)}")
+        if self.sg_on_reject not in SG_ON_REJECT:
+            bad(f"unknown sg_on_reject '{self.sg_on_reject}'; choose one of: {', '.join(SG_ON_REJECT)}")
+        if self.sg_verify not in SG_VERIFY:
+            bad(f"unknown sg_verify '{self.sg_verify}'; choose one of: {', '.join(SG_VERIFY)}")
+        if not isinstance(self.sg_max_step_tokens, int) or self.sg_max_step_tokens < 1:
+            bad(f"sg_max_step_tokens must be a positive integer, got {self.sg_max_step_tokens}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
 

@@ -20,6 +20,7 @@ from .drafters.base import EMPTY_DRAFT
 from .errors import LoosespecError
 from .kv import CachedLM
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
+from .specguard import DraftEmbedder, SentenceEmbedder, decode_steps
 from .stats import Stats
 from .text import TextAssembler, encode_prompt, end_token_ids
 from .verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
@@ -171,17 +172,22 @@ class Generation:
 
     def _run(self) -> Iterator[Chunk]:
         e, cfg = self.engine, self.cfg
-        drafter, rule = e.build(cfg)
+        drafter, rule, generator = e.build(cfg)
         target_f0 = e.target_lm.forwards
-        draft_f0 = drafter.forwards if drafter is not None else 0
+        draft_f0 = e.draft_lm.forwards if e.draft_lm is not None else 0
         e.target_lm.reset()
         if e.draft_lm is not None:
             e.draft_lm.reset()
         sync(e.device)
         start = time.perf_counter()
+        if cfg.method == "specguard":
+            chunks = decode_steps(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
+                                  e.detokenize, self.prompt_ids, cfg, e.stop_ids, self.stats, generator)
+        else:
+            chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
+                            e.stop_ids, self.stats)
         try:
-            for tokens in decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens,
-                                 cfg.num_draft_tokens, e.stop_ids, self.stats):
+            for tokens in chunks:
                 if self.stats.rounds == 1:
                     sync(e.device)
                     self.stats.ttft_s = time.perf_counter() - start
@@ -200,7 +206,7 @@ class Generation:
             sync(e.device)
             self.stats.wall_s = time.perf_counter() - start
             self.stats.target_forwards = e.target_lm.forwards - target_f0
-            self.stats.draft_forwards = (drafter.forwards - draft_f0) if drafter is not None else 0
+            self.stats.draft_forwards = (e.draft_lm.forwards - draft_f0) if e.draft_lm is not None else 0
             self.stats.new_tokens = len(self.assembler.token_ids)
 
     def result(self) -> GenerationResult:
@@ -231,6 +237,7 @@ class Engine:
         self.draft_lm = CachedLM(draft.model) if draft is not None else None
         self.device = self.target_lm.device
         self.stop_ids = end_token_ids(target.model, target.tokenizer)
+        self._embedders: dict = {}
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "bfloat16",
@@ -239,9 +246,23 @@ class Engine:
         d = load(draft, dtype, str(t.model.device), progress) if draft not in (None, "none") else None
         return cls(t, d)
 
-    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, object]:
-        """The drafter and rule a config asks for, with a fresh seeded generator."""
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def embedder(self, name: str):
+        """SpecGuard's candidate embedder, created once per engine."""
+        if name not in self._embedders:
+            self._embedders[name] = DraftEmbedder() if name == "draft" else SentenceEmbedder(self.device)
+        return self._embedders[name]
+
+    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, object, torch.Generator]:
+        """The drafter and rule a config asks for, and a fresh seeded generator they share.
+
+        For ``specguard`` these are the token-level drafter and rule of the target's steps.
+        """
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        if cfg.method == "specguard" and self.draft_lm is None:
+            raise LoosespecError("method 'specguard' needs a draft model (--draft): it drafts whole steps with it")
         sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         # FLy's two-sample variant drafts greedily, as the official code does
         draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
@@ -258,11 +279,12 @@ class Engine:
         else:
             drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self.stop_ids, max_ngram=4,
                                  lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
-        if cfg.method == "fly":
+        if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
+                                   and cfg.sg_verify == "fly"):
             rule = FlyRule(cfg, sampling, generator)
         else:
             rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
-        return drafter, rule
+        return drafter, rule, generator
 
     def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
         """Everything needed to reproduce a run."""

@@ -53,6 +53,16 @@ class CachedLM:
         returns: [rows, V] float32 on the model's device; row i predicts the token after
                  ``seq[L - rows + i]``
         """
+        return self.forward(seq, rows).logits[0, -rows:].float()
+
+    @torch.inference_mode()
+    def forward(self, seq: torch.Tensor, rows: int, **outputs):
+        """The model's output for the uncached tail of ``seq`` (at least its last ``rows`` ids).
+
+        ``outputs`` are passed to the model (``output_hidden_states=True``,
+        ``output_attentions=True``); hidden states and attentions cover the fed positions only,
+        which are the last ``rows`` when the rest is cached.
+        """
         if self.max_positions is not None and seq.shape[0] > self.max_positions:
             raise LoosespecError(
                 f"sequence of {seq.shape[0]} tokens exceeds the model's context of {self.max_positions}"
@@ -61,10 +71,11 @@ class CachedLM:
         rollback(self.cache, keep)
         new = seq[keep:].unsqueeze(0).to(self.device)  # [1, L - keep]
         try:
-            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=rows)
+            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=rows,
+                             **outputs)
         except BaseException:
             self.reset()  # a forward that died half-way leaves layers of different lengths
             raise
         self.ids = seq
         self.forwards += 1
-        return out.logits[0, -rows:].float()
+        return out

@@ -6,6 +6,11 @@
 - ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one.
 - rule counters (FLy: ``fly_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
   ``fly_window_rejects``, ``fly_boundary_rejects``) are summed over rounds.
+- SpecGuard (method ``specguard``): ``steps``, ``accepted_steps`` (the draft's step kept),
+  ``target_steps`` (written by the target), ``candidates_drafted``, ``step_accept_rate`` and the
+  mean ``grounding``, ``confidence`` and ``score`` of the scored candidates. An accepted step
+  counts as one round whose tokens were all drafted and accepted; target steps add their own
+  token-level rounds.
 - ``wall_s`` covers prefill and decoding (model loading excluded); ``ttft_s`` is the time to the
   first committed token; ``tokens_per_s`` = new_tokens / wall_s.
 """
@@ -30,6 +35,8 @@ class Stats:
     drafted_at: list[int] = field(default_factory=list)  # per position: rounds drafting it
     accepted_at: list[int] = field(default_factory=list)  # per position: rounds accepting it
     events: dict[str, int] = field(default_factory=dict)  # a rule's own counters (FLy), summed
+    steps: list[dict] = field(default_factory=list)  # SpecGuard: one record per step
+    candidates_drafted: int = 0
 
     def record_round(self, drafted: int, accepted: int, emitted: int, events: Mapping[str, int] | None = None) -> None:
         self.rounds += 1
@@ -46,6 +53,30 @@ class Stats:
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def record_step(self, record: dict, candidates: int) -> None:
+        """A SpecGuard step: ``record`` has grounding, confidence, score, accepted, agrees, tokens."""
+        self.steps.append(record)
+        self.candidates_drafted += candidates
+        if record["accepted"]:
+            self.rounds += 1
+            self.drafted_tokens += record["tokens"]
+            self.accepted_tokens += record["tokens"]
+            self.new_tokens += record["tokens"]
+
+    def step_summary(self) -> dict:
+        if not self.steps:
+            return {}
+        n = len(self.steps)
+        accepted = sum(r["accepted"] for r in self.steps)
+
+        def mean(key: str) -> float:
+            return round(sum(r[key] for r in self.steps) / n, 4)
+
+        return {"steps": n, "accepted_steps": accepted, "target_steps": n - accepted,
+                "candidates_drafted": self.candidates_drafted, "step_accept_rate": round(accepted / n, 4),
+                "mean_grounding": mean("grounding"), "mean_confidence": mean("confidence"),
+                "mean_score": mean("score")}
 
     @property
     def mean_accepted_length(self) -> float:
@@ -75,4 +106,5 @@ class Stats:
             "ttft_s": round(self.ttft_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
             **self.events,
+            **self.step_summary(),
         }

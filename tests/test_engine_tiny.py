@@ -85,7 +85,7 @@ def test_stops_at_end_token(tiny_engine, ar_ids):
     stop_tok = ar_ids[5]
     first = ar_ids.index(stop_tok)
     for drafter in ("ngram", "mla"):
-        drafter_obj, rule = tiny_engine.build(DecodeConfig.create("exact", drafter, has_draft_model=True))
+        drafter_obj, rule, _ = tiny_engine.build(DecodeConfig.create("exact", drafter, has_draft_model=True))
         prompt = tiny_engine.stream(PROMPT, DecodeConfig.create("ar"), raw=True).prompt_ids
         out = [t for chunk in decode(CachedLM(tiny_engine.target.model), drafter_obj, rule, prompt, 60, 10,
                                      {stop_tok}, Stats()) for t in chunk]
