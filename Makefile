@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test test-full demo bench-speed bench-fly rule-cost clean-venv
+.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,15 +40,30 @@ bench-speed: setup
 	$(BIN)/python benchmarks/speed.py --prompts humaneval:5 --max-new-tokens 128 \
 		--methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist --out results/speed_lossless.json
 
-# FLy (lossy) vs exact per category; BENCH_N prompts per category (the issue asks for 10)
+# FLy (lossy) vs exact per category: BENCH_N prompts per category, BENCH_TOKENS new tokens
 BENCH_N ?= 10
+BENCH_TOKENS ?= 256
 bench-fly: setup
-	$(BIN)/python benchmarks/speed.py --max-new-tokens 256 \
+	$(BIN)/python benchmarks/speed.py --max-new-tokens $(BENCH_TOKENS) \
 		--prompts humaneval:$(BENCH_N),specbench/summarization:$(BENCH_N),specbench/math_reasoning:$(BENCH_N) \
 		--methods ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld --out results/speed_fly.json
 
+# SpecGuard (lossy) on GSM8K: accuracy, step acceptance and speed next to ar, exact and FLy.
+# SG_TAU overrides the library's default tau (e.g. with a fresh calibration's proposal).
+SG_TAU ?=
+bench-specguard: setup
+	$(BIN)/python benchmarks/speed.py --max-new-tokens $(BENCH_TOKENS) --prompts gsm8k:$(BENCH_N) \
+		--methods ar,exact-mla,fly-mla,specguard,specguard-regenerate $(if $(SG_TAU),--sg-tau $(SG_TAU)) \
+		--out results/specguard_gsm8k.json | tee results/specguard_gsm8k.txt
+
+# SpecGuard's tau from the first CAL_N GSM8K problems (where the default tau comes from)
+CAL_N ?= 20
+calibrate-specguard: setup
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k --limit $(CAL_N) \
+		--max-new-tokens $(BENCH_TOKENS) --out results/calibration_specguard.json
+
 rule-cost: setup
-	$(BIN)/python benchmarks/rule_cost.py
+	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,14 +9,21 @@ drift hits every method alike), one warm-up per method excluded from timing.
     # issue #3: FLy vs exact, per category
     python benchmarks/speed.py --prompts humaneval:10,specbench/summarization:10,specbench/math_reasoning:10 \\
         --max-new-tokens 256 --methods ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld
+    # issue #4: SpecGuard on GSM8K, accuracy and speed
+    python benchmarks/speed.py --prompts gsm8k:30 --max-new-tokens 384 \\
+        --methods ar,exact-mla,fly-mla,specguard,specguard-regenerate
 
-Methods: ``<method>-<drafter>`` for loosespec (``ar``, ``exact-ngram``, ``fly-mla``, ...) and the
+Methods: ``<method>-<drafter>`` for loosespec (``ar``, ``exact-ngram``, ``fly-mla``, ...),
+``specguard`` (draft-assisted, exact), ``specguard-regenerate`` (the paper's plain target step) and
+``specguard-fly`` (draft-assisted, FLy), all with ``--sg-tau`` (default: the library's), and the
 peers ``hf-ar`` (``generate()``), ``hf-pld`` (``generate(prompt_lookup_num_tokens=10)``) and
 ``hf-assist`` (``generate(assistant_model=draft)``, transformers' defaults: 20 tokens, confidence
 threshold 0.4). Greedy throughout. Speedup = total ``ar`` wall time / total method wall time over
 the same prompts. Every output is compared with ``ar``'s: lossless methods should agree (bf16
 matmuls of different shapes can flip a near-tie, so agreement is counted, not assumed); for the
-lossy FLy the count of differing outputs and a few side-by-side examples are printed.
+lossy methods the count of differing outputs and a few side-by-side examples are printed. GSM8K
+prompts are also scored (``loosespec.datasets.extract_number``): accuracy, recovery (method
+accuracy / ``ar`` accuracy) and the paired counts.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 import torch
 
 from loosespec import DecodeConfig, Engine
+from loosespec.datasets import gsm8k, is_correct
 from loosespec.engine import sync
 from loosespec.text import encode_prompt
 
@@ -40,8 +48,8 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HF_METHODS = ("hf-ar", "hf-pld", "hf-assist")
 
 
-def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str]]:
-    """``humaneval:N`` and ``specbench/<category>:N`` -> [(category, id, prompt text)]."""
+def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str, str | None]]:
+    """``humaneval:N``, ``specbench/<category>:N``, ``gsm8k:N`` -> [(category, id, prompt text, gold answer)]."""
     out = []
     for part in spec.split(","):
         name, _, n = part.partition(":")
@@ -49,16 +57,18 @@ def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str]]:
         if name == "humaneval":
             rows = [json.loads(x) for x in (data / "humaneval.jsonl").read_text().splitlines()][:limit]
             out += [("humaneval", r["task_id"], "Complete the following Python function.\n\n```python\n"
-                     + r["prompt"] + "```") for r in rows]
+                     + r["prompt"] + "```", None) for r in rows]
         elif name.startswith("specbench/"):
             cat = name.split("/", 1)[1]
             rows = [json.loads(x) for x in (data / "spec_bench_question.jsonl").read_text().splitlines()]
             rows = [r for r in rows if r["category"] == cat][:limit]
             if not rows:
                 raise SystemExit(f"no Spec-Bench prompts in category '{cat}'")
-            out += [(cat, str(r["question_id"]), r["turns"][0]) for r in rows]
+            out += [(cat, str(r["question_id"]), r["turns"][0], None) for r in rows]
+        elif name == "gsm8k":
+            out += [(p.category, p.id, p.prompt, p.answer) for p in gsm8k(limit, data)]
         else:
-            raise SystemExit(f"unknown prompt set '{name}' (humaneval:N or specbench/<category>:N)")
+            raise SystemExit(f"unknown prompt set '{name}' (humaneval:N, specbench/<category>:N or gsm8k:N)")
     return out
 
 
@@ -82,16 +92,32 @@ def hf_generate(engine: Engine, method: str, ids: torch.Tensor, max_new: int) ->
     return out[0, inp.shape[1]:].tolist(), time.perf_counter() - t
 
 
-def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int) -> dict:
+SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
+                     "specguard-fly": {"sg_verify": "fly"}}
+
+
+def method_config(method: str, max_new: int, has_draft: bool, sg_tau: float | None) -> DecodeConfig:
+    """``<method>-<drafter>`` or a SpecGuard preset -> its config (greedy)."""
+    if method in SPECGUARD_PRESETS:
+        tau = {} if sg_tau is None else {"sg_tau": sg_tau}
+        return DecodeConfig.create("specguard", None, max_new_tokens=max_new, has_draft_model=has_draft,
+                                   **SPECGUARD_PRESETS[method], **tau)
+    name, _, drafter = method.partition("-")
+    return DecodeConfig.create(name, drafter or None, max_new_tokens=max_new, has_draft_model=has_draft)
+
+
+def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int, sg_tau: float | None = None) -> dict:
     if method in HF_GENERATION_KWARGS:
         tokens, wall = hf_generate(engine, method, ids, max_new)
         return {"token_ids": tokens, "wall_s": wall, "mean_accepted_length": None, "lossy": False}
-    name, _, drafter = method.partition("-")
-    cfg = DecodeConfig.create(name, drafter or None, max_new_tokens=max_new, has_draft_model=engine.draft is not None)
+    cfg = method_config(method, max_new, engine.draft is not None, sg_tau)
     r = engine.generate(ids, cfg)
+    s = r.stats.to_dict()
     return {"token_ids": r.token_ids, "wall_s": r.stats.wall_s, "mean_accepted_length": r.stats.mean_accepted_length,
             "acceptance_rate": r.stats.acceptance_rate, "target_forwards": r.stats.target_forwards,
-            "draft_forwards": r.stats.draft_forwards, "lossy": cfg.lossy, "events": r.stats.events}
+            "draft_forwards": r.stats.draft_forwards, "lossy": cfg.lossy, "events": r.stats.events,
+            "steps": s.get("steps"), "accepted_steps": s.get("accepted_steps"),
+            "sg_tau": cfg.sg_tau if cfg.method == "specguard" else None}
 
 
 def summarize(rows: list[dict], methods: list[str]) -> dict:
@@ -111,19 +137,40 @@ def summarize(rows: list[dict], methods: list[str]) -> dict:
                              "tokens_per_s": round(toks / wall, 3),
                              "mean_accepted_length": round(sum(taus) / len(taus), 3) if taus else None,
                              "identical_to_ar": same, "prompts": len(mine), "lossy": mine[0]["lossy"]}
+            scored = [r for r in mine if r.get("correct") is not None]
+            if scored:
+                ar_ok = {(r["category"], r["id"]): ar[(r["category"], r["id"])]["correct"] for r in scored}
+                acc = sum(r["correct"] for r in scored) / len(scored)
+                ar_acc = sum(ar_ok.values()) / len(scored)
+                table[cat][m].update({
+                    "accuracy": round(acc, 4), "recovery": round(acc / ar_acc, 4) if ar_acc else None,
+                    "ar_right_method_wrong": sum(ar_ok[(r["category"], r["id"])] and not r["correct"] for r in scored),
+                    "ar_wrong_method_right": sum(not ar_ok[(r["category"], r["id"])] and r["correct"] for r in scored)})
+            steps = sum(r.get("steps") or 0 for r in mine)
+            if steps:
+                table[cat][m]["step_accept_rate"] = round(sum(r["accepted_steps"] for r in mine) / steps, 4)
+                table[cat][m]["sg_tau"] = mine[0]["sg_tau"]
     return dict(table)
 
 
 def print_table(table: dict) -> None:
     for cat, per_method in table.items():
         print(f"\n## {cat}\n")
-        print("| method | speedup | tok/s | mean accepted length | outputs identical to ar |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+        scored = any("accuracy" in s for s in per_method.values())
+        extra = " accuracy | recovery | ar right, method wrong | ar wrong, method right | step accept rate |"
+        print("| method | speedup | tok/s | mean accepted length | outputs identical to ar |" + (extra if scored else ""))
+        print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" * 5 if scored else ""))
         for m, s in per_method.items():
             tau = f"{s['mean_accepted_length']:.2f}" if s["mean_accepted_length"] is not None else "-"
             label = m + (" (lossy)" if s["lossy"] else "")
-            print(f"| {label} | {s['speedup']:.2f}x | {s['tokens_per_s']:.2f} | {tau} | "
-                  f"{s['identical_to_ar']}/{s['prompts']} |")
+            line = (f"| {label} | {s['speedup']:.2f}x | {s['tokens_per_s']:.2f} | {tau} | "
+                    f"{s['identical_to_ar']}/{s['prompts']} |")
+            if scored:
+                rec = "-" if s.get("recovery") is None else f"{s['recovery']:.2f}"
+                sar = "-" if "step_accept_rate" not in s else f"{s['step_accept_rate']:.2f} (tau {s['sg_tau']})"
+                line += (f" {s['accuracy']:.2f} | {rec} | {s['ar_right_method_wrong']} | "
+                         f"{s['ar_wrong_method_right']} | {sar} |")
+            print(line)
 
 
 def print_differences(engine: Engine, rows: list[dict], methods: list[str], examples: int) -> None:
@@ -154,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default="ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist")
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--sg-tau", type=float, default=None, help="SpecGuard's tau (default: the library's)")
     ap.add_argument("--examples", type=int, default=3, help="side-by-side differences to print for lossy methods")
     ap.add_argument("--out", type=Path, help="write per-prompt rows and the summary as JSON")
     args = ap.parse_args(argv)
@@ -162,23 +210,26 @@ def main(argv=None) -> int:
         methods.insert(0, "ar")
     for m in methods:  # fail before loading models
         if m not in HF_GENERATION_KWARGS:
-            name, _, drafter = m.partition("-")
-            DecodeConfig.create(name, drafter or None, has_draft_model=True)
+            method_config(m, args.max_new_tokens, True, args.sg_tau)
 
     engine = Engine.load(args.target, args.draft, dtype=args.dtype, device=args.device)
-    prompts = [(cat, pid, encode_prompt(engine.tokenizer, text)) for cat, pid, text in load_prompts(args.prompts, args.data)]
+    prompts = [(cat, pid, encode_prompt(engine.tokenizer, text), gold)
+               for cat, pid, text, gold in load_prompts(args.prompts, args.data)]
     print(f"# {args.target} <- {args.draft}, {args.dtype} on {engine.device} ({platform.machine()}, "
           f"{torch.get_num_threads()} threads), {len(prompts)} prompts ({args.prompts}), "
           f"{args.max_new_tokens} new tokens, greedy", file=sys.stderr)
     for m in methods:  # warm-up, not timed
-        run_one(engine, m, prompts[0][2], 8)
+        run_one(engine, m, prompts[0][2], 8, args.sg_tau)
 
     rows = []
-    for cat, pid, ids in prompts:
+    for cat, pid, ids, gold in prompts:
         for m in methods:
-            r = run_one(engine, m, ids, args.max_new_tokens)
+            r = run_one(engine, m, ids, args.max_new_tokens, args.sg_tau)
+            if gold is not None:
+                r["correct"] = is_correct(engine.tokenizer.decode(r["token_ids"], skip_special_tokens=True), gold)
             rows.append({"category": cat, "id": pid, "method": m, **r})
-            print(f"{cat:14} {pid:14} {m:12} {len(r['token_ids']):4d} tok {r['wall_s']:7.2f} s", file=sys.stderr)
+            print(f"{cat:14} {pid:14} {m:12} {len(r['token_ids']):4d} tok {r['wall_s']:7.2f} s"
+                  + ("" if gold is None else f" {'right' if r['correct'] else 'wrong'}"), file=sys.stderr)
 
     table = summarize(rows, methods)
     print(f"\n{args.target} <- {args.draft}, {args.dtype}, {engine.device}, {args.prompts}, "
