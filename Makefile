@@ -51,8 +51,10 @@ bench-fly: setup
 # SpecGuard (lossy) on GSM8K: accuracy, step acceptance and speed next to ar, exact and FLy.
 # SG_TAU overrides the library's default tau (e.g. with a fresh calibration's proposal).
 SG_TAU ?=
+SG_BENCH_N ?= 30
+SG_BENCH_TOKENS ?= 384
 bench-specguard: setup
-	$(BIN)/python benchmarks/speed.py --max-new-tokens $(BENCH_TOKENS) --prompts gsm8k:$(BENCH_N) \
+	$(BIN)/python benchmarks/speed.py --max-new-tokens $(SG_BENCH_TOKENS) --prompts gsm8k:$(SG_BENCH_N) \
 		--methods ar,exact-mla,fly-mla,specguard,specguard-regenerate $(if $(SG_TAU),--sg-tau $(SG_TAU)) \
 		--out results/specguard_gsm8k.json | tee results/specguard_gsm8k.txt
 
@@ -60,7 +62,7 @@ bench-specguard: setup
 CAL_N ?= 20
 calibrate-specguard: setup
 	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k --limit $(CAL_N) \
-		--max-new-tokens $(BENCH_TOKENS) --out results/calibration_specguard.json
+		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration_specguard.json
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt

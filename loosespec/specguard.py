@@ -19,8 +19,9 @@ Choices where the papers are silent: the draft embedder mean-pools the draft's l
 over the positions that produced the step's tokens (free, collected while drafting); confidence
 uses the draft's untempered (T = 1) log-probs; a step is cut at ``sg_max_step_tokens``. An
 accepted step counts as one round of the run statistics, all its tokens drafted and accepted.
-Every step leaves a record (scores, accepted, and ``agrees``: whether the target, when it wrote
-the step, wrote exactly the candidate) for :mod:`loosespec.calibrate`.
+Every step leaves a record (scores, accepted, and, when the target wrote the step, ``agrees``:
+whether it wrote exactly the candidate, and ``agreed_prefix``: how many of the candidate's first
+tokens it wrote identically) for :mod:`loosespec.calibrate`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from .config import DecodeConfig
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter
 from .errors import LoosespecError
-from .kv import CachedLM
+from .kv import CachedLM, common_prefix_len
 from .stats import Stats
 from .verify.specguard import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
                                step_length, step_score)
@@ -175,7 +176,7 @@ def decode_steps(
         c = step_confidence(best.logprobs)
         s = step_score(c, g, cfg.sg_beta)
         record = {"tokens": len(best.tokens), "grounding": g, "confidence": c, "score": s,
-                  "accepted": accept_step(s, cfg.sg_tau), "agrees": None}
+                  "accepted": accept_step(s, cfg.sg_tau), "agrees": None, "agreed_prefix": None}
         # 4. accept: the draft's step, no target forward
         if record["accepted"]:
             tokens = best.tokens
@@ -190,6 +191,8 @@ def decode_steps(
                     break
             tokens = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
             record["agrees"] = tokens == best.tokens
+            record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
+                                                        torch.tensor(best.tokens, dtype=torch.long))
         stats.record_step(record, candidates=len(cands))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)

@@ -177,7 +177,9 @@ def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, d
     assert r.token_ids == ar.token_ids
     assert s["steps"] >= 2 and s["accepted_steps"] == 0 and s["target_steps"] == s["steps"]
     # the same weights draft and verify: the greedy candidate is the target's step (when it is the medoid)
-    assert all(rec["agrees"] in (True, False) for rec in r.stats.steps)
+    for rec in r.stats.steps:
+        assert rec["agrees"] in (True, False) and 0 <= rec["agreed_prefix"] <= rec["tokens"]
+        assert rec["agrees"] == (rec["agreed_prefix"] == rec["tokens"])  # same delimiter, same cap
     if on_reject == "regenerate":
         assert s["rounds"] == s["new_tokens"]  # the target alone, one token per forward
     else:
