@@ -187,10 +187,12 @@ class Generation:
             chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
                             e.stop_ids, self.stats)
         try:
+            first = True
             for tokens in chunks:
-                if self.stats.rounds == 1:
+                if first:  # a SpecGuard step may take several rounds before its first chunk
                     sync(e.device)
                     self.stats.ttft_s = time.perf_counter() - start
+                    first = False
                 before = len(self.assembler.token_ids)
                 delta = self.assembler.push(tokens)
                 if self.assembler.stopped or tokens[-1] in e.stop_ids:

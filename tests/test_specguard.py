@@ -162,6 +162,7 @@ def test_tau_zero_accepts_every_draft_step(smol_engine):
     s = r.stats.to_dict()
     assert s["steps"] >= 2 and s["accepted_steps"] == s["steps"] and s["target_steps"] == 0
     assert s["target_forwards"] == 0  # the target never ran
+    assert 0 < s["ttft_s"] <= s["wall_s"]
     assert s["candidates_drafted"] == 4 * s["steps"]
     assert 0.0 <= s["mean_grounding"] <= 1.0 and 0.0 < s["mean_confidence"] <= 1.0
     assert r.config["lossy"] is True and r.config["sg_tau"] == 0.0
