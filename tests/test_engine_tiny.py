@@ -5,7 +5,7 @@ import torch
 
 from loosespec import DecodeConfig
 from loosespec.drafters import MlaDrafter, ModelDrafter
-from loosespec.engine import GreedyRule, decode
+from loosespec.engine import decode
 from loosespec.kv import CachedLM
 from loosespec.stats import Stats
 from loosespec.verify import SamplingParams
@@ -58,8 +58,8 @@ def test_mla_draft_equals_draft_model_greedy(tiny_dir, tiny_engine):
     a = plain.propose(seq, 40).tokens.tolist()
     b = mla.propose(seq, 40).tokens.tolist()
     assert a == b and len(a) == 40
-    assert plain.forwards == 40
-    assert mla.forwards < 40  # n-gram candidates accepted by the draft model saved forwards
+    assert plain.lm.forwards == 40
+    assert mla.lm.forwards < 40  # n-gram candidates accepted by the draft model saved forwards
 
 
 def test_cached_logits_equal_fresh_forward(tiny_engine):

@@ -1,7 +1,7 @@
 """Drafters: objects that propose up to ``k`` tokens to continue a sequence.
 
-A drafter has one method, ``propose(seq, k) -> Draft``, and a ``forwards`` counter (draft-model
-forwards; 0 for pure n-gram lookup). Drafters keep no hidden state that correctness depends on:
+A drafter has one method, ``propose(seq, k) -> Draft`` (draft-model forwards are counted by the
+model's :class:`~loosespec.kv.CachedLM`). Drafters keep no hidden state that correctness depends on:
 a model drafter's KV cache is a memo (see :mod:`loosespec.kv`) and follows whatever sequence it
 is asked to continue.
 """

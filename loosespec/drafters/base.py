@@ -29,7 +29,6 @@ EMPTY_DRAFT = Draft(torch.empty(0, dtype=torch.long))
 
 class Drafter(Protocol):
     name: str
-    forwards: int
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         """Up to ``k`` tokens to follow ``seq`` ([L] int64, CPU)."""

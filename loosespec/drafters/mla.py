@@ -45,9 +45,6 @@ class MlaDrafter:
         self.min_ngram = min_ngram
         self.lookup_tokens = lookup_tokens
 
-    @property
-    def forwards(self) -> int:
-        return self.lm.forwards
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         out = seq[:0]

@@ -36,9 +36,6 @@ class ModelDrafter:
         self.stop_ids = frozenset(stop_ids)
         self.confidence_threshold = confidence_threshold
 
-    @property
-    def forwards(self) -> int:
-        return self.lm.forwards
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         tokens: list[int] = []

@@ -55,7 +55,6 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.stop_ids = frozenset(stop_ids)
-        self.forwards = 0
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         return Draft(ngram_lookup(seq, self.max_ngram, k, self.min_ngram, self.stop_ids))

@@ -51,6 +51,7 @@ from .rejection import native_accept, next_token
 from .sampling import sample
 from .types import Verdict
 
+
 def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
     """Entropy (nats) of the top-k probabilities of the full softmax, not renormalised.
 
@@ -164,16 +165,19 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    k = draft_tokens.shape[0]
-    entropy = topk_entropy(target_logits[:k], top_k)
-    accept = fly_mask(match, entropy, theta, window_size)
+    accept, events = _fly_accept(match, target_logits, theta, window_size, top_k)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
-    return Verdict(n, torch.cat([draft_tokens[:n], nxt]), fly_events(match, entropy, theta, window_size, accept))
+    return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
+
+
+def _fly_accept(match, target_logits, theta, window_size, top_k) -> tuple[torch.Tensor, dict[str, int]]:
+    """FLy's acceptance mask over a match mask, and the round's counters."""
+    entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
+    accept = fly_mask(match, entropy, theta, window_size)
+    return accept, fly_events(match, entropy, theta, window_size, accept)
 
 
 def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k) -> Verdict:
-    entropy = topk_entropy(target_logits[: draft_tokens.shape[0]], top_k)
-    accept = fly_mask(match, entropy, theta, window_size)
-    verdict = prefix_verdict(accept, draft_tokens, target_tokens)
-    return replace(verdict, events=fly_events(match, entropy, theta, window_size, accept))
+    accept, events = _fly_accept(match, target_logits, theta, window_size, top_k)
+    return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events)

@@ -133,8 +133,12 @@ def step_length(tokens: Sequence[int], decode: Callable[[Sequence[int]], str], d
 
     >>> step_length([1, 2, 3], lambda t: "".join("ab\\n"[i - 1] for i in t), "\\n", ())
     3
+
+    Called after every drafted token, so an unfinished step costs one ``decode``; only a step
+    that is complete is scanned for the token that completed it.
     """
-    for n, tok in enumerate(tokens, start=1):
-        if tok in stop_ids or delimiter in decode(tokens[:n]):
-            return n
-    return None
+    stop_at = next((n for n, tok in enumerate(tokens, start=1) if tok in stop_ids), None)
+    head = tokens[:stop_at] if stop_at is not None else tokens
+    if delimiter not in decode(head):
+        return stop_at
+    return next(n for n in range(1, len(head) + 1) if delimiter in decode(head[:n]))
