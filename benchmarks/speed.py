@@ -1,5 +1,8 @@
 """Side-by-side speed of loosespec's methods and transformers' own speculative decoding.
 
+The resumable, scored harness for whole datasets is ``loosespec bench`` (loosespec/bench.py, whose
+method runners this script shares); this script keeps the multi-set prompt lists of issues 2-4.
+
 Same process, same loaded models, same chat-formatted prompt ids, interleaved per prompt (machine
 drift hits every method alike), one warm-up per method excluded from timing.
 
@@ -39,12 +42,10 @@ from pathlib import Path
 
 import torch
 
-from loosespec import DecodeConfig, Engine
+from loosespec import Engine
+from loosespec.bench import HF_GENERATION_KWARGS, WARMUP_TOKENS, is_lossy, method_config, run_method
 from loosespec.datasets import data_dir, gsm8k, is_correct
-from loosespec.engine import sync
 from loosespec.text import encode_prompt
-
-HF_METHODS = ("hf-ar", "hf-pld", "hf-assist")
 
 
 def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str, str | None]]:
@@ -71,52 +72,16 @@ def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str, str | None]
     return out
 
 
-HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
-
-
-def hf_generate(engine: Engine, method: str, ids: torch.Tensor, max_new: int) -> tuple[list[int], float]:
-    """transformers' own ``generate`` on the same model and prompt ids; returns (new ids, wall s)."""
-    from transformers import GenerationConfig
-
-    eos = sorted(engine.stop_ids)
-    gc = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-                          pad_token_id=engine.tokenizer.pad_token_id or eos[0], **HF_GENERATION_KWARGS[method])
-    extra = {"assistant_model": engine.draft.model, "tokenizer": engine.tokenizer} if method == "hf-assist" else {}
-    inp = ids.unsqueeze(0).to(engine.device)
-    sync(engine.device)
-    t = time.perf_counter()
-    with torch.inference_mode():
-        out = engine.target.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gc, **extra)
-    sync(engine.device)
-    return out[0, inp.shape[1]:].tolist(), time.perf_counter() - t
-
-
-SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
-                     "specguard-fly": {"sg_verify": "fly"}}
-
-
-def method_config(method: str, max_new: int, has_draft: bool, sg_tau: float | None) -> DecodeConfig:
-    """``<method>-<drafter>`` or a SpecGuard preset -> its config (greedy)."""
-    if method in SPECGUARD_PRESETS:
-        tau = {} if sg_tau is None else {"sg_tau": sg_tau}
-        return DecodeConfig.create("specguard", None, max_new_tokens=max_new, has_draft_model=has_draft,
-                                   **SPECGUARD_PRESETS[method], **tau)
-    name, _, drafter = method.partition("-")
-    return DecodeConfig.create(name, drafter or None, max_new_tokens=max_new, has_draft_model=has_draft)
-
-
 def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int, sg_tau: float | None = None) -> dict:
-    if method in HF_GENERATION_KWARGS:
-        tokens, wall = hf_generate(engine, method, ids, max_new)
-        return {"token_ids": tokens, "wall_s": wall, "mean_accepted_length": None, "lossy": False}
-    cfg = method_config(method, max_new, engine.draft is not None, sg_tau)
-    r = engine.generate(ids, cfg)
-    s = r.stats.to_dict()
-    return {"token_ids": r.token_ids, "wall_s": r.stats.wall_s, "mean_accepted_length": r.stats.mean_accepted_length,
-            "acceptance_rate": r.stats.acceptance_rate, "target_forwards": r.stats.target_forwards,
-            "draft_forwards": r.stats.draft_forwards, "lossy": cfg.lossy, "events": r.stats.events,
-            "steps": s.get("steps"), "accepted_steps": s.get("accepted_steps"),
-            "sg_tau": cfg.sg_tau if cfg.method == "specguard" else None}
+    settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": sg_tau}
+    o = run_method(engine, method, ids, settings)
+    s = o.stats
+    return {"token_ids": o.token_ids, "wall_s": o.wall_s, "lossy": is_lossy(method),
+            "mean_accepted_length": s.get("mean_accepted_length") if method not in HF_GENERATION_KWARGS else None,
+            "acceptance_rate": s.get("acceptance_rate"), "target_forwards": s.get("target_forwards"),
+            "draft_forwards": s.get("draft_forwards"), "steps": s.get("steps"), "accepted_steps": s.get("accepted_steps"),
+            "sg_tau": o.config.get("sg_tau") if o.config.get("method") == "specguard" else None,
+            "events": {k: v for k, v in s.items() if k.startswith("fly_")}}
 
 
 def summarize(rows: list[dict], methods: list[str]) -> dict:
@@ -208,8 +173,7 @@ def main(argv=None) -> int:
     if "ar" not in methods:
         methods.insert(0, "ar")
     for m in methods:  # fail before loading models
-        if m not in HF_GENERATION_KWARGS:
-            method_config(m, args.max_new_tokens, True, args.sg_tau)
+        method_config(m, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0, has_draft=True, sg_tau=args.sg_tau)
 
     engine = Engine.load(args.target, args.draft, dtype=args.dtype, device=args.device)
     prompts = [(cat, pid, encode_prompt(engine.tokenizer, text), gold)
@@ -218,7 +182,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} threads), {len(prompts)} prompts ({args.prompts}), "
           f"{args.max_new_tokens} new tokens, greedy", file=sys.stderr)
     for m in methods:  # warm-up, not timed
-        run_one(engine, m, prompts[0][2], 8, args.sg_tau)
+        run_one(engine, m, prompts[0][2], min(WARMUP_TOKENS, args.max_new_tokens), args.sg_tau)
 
     rows = []
     for cat, pid, ids, gold in prompts:

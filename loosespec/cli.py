@@ -1,4 +1,4 @@
-"""``loosespec`` command line: generate, calibrate, models.
+"""``loosespec`` command line: generate, bench, report, calibrate, models.
 
 Errors from bad input are printed as one line (``loosespec: error: ...``) with exit status 2;
 no traceback reaches the terminal.
@@ -19,6 +19,8 @@ import typer  # noqa: E402
 from .config import DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, FLY_NUM_DRAFT_TOKENS, METHODS, DecodeConfig  # noqa: E402
 from .errors import LoosespecError  # noqa: E402
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
+
+BENCH_DEFAULT_METHODS = ("ar", "exact-ngram", "exact-mla", "fly-ngram", "fly-mla", "hf-pld", "hf-assist")
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Loose speculative decoding for LLMs, with lossless baselines and measurements.")
@@ -231,6 +233,135 @@ def calibrate(
         out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({"proposal": report["proposal"], "scores": report["scores"],
                       "problems": report["problems"], "steps": len(report["steps"])}, indent=1))
+
+
+def _csv_numbers(text: Optional[str], kind: type, flag: str) -> Optional[tuple]:
+    if text is None:
+        return None
+    try:
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise LoosespecError(f"{flag} takes comma-separated numbers, got '{text}'") from None
+
+
+@app.command()
+def bench(
+    dataset: str = typer.Option(..., help="gsm8k | mgsm | math500 | humaneval | specbench | mtbench | niah"),
+    out: Path = typer.Option(..., help="Results directory (results.jsonl, summary.json, plots); rerun to resume."),
+    limit: Optional[int] = typer.Option(None, help="First N problems (per language for mgsm, per category for specbench)."),
+    methods: str = typer.Option(",".join(BENCH_DEFAULT_METHODS),
+                                help="Comma list of <method>-<drafter> (ar, exact-ngram, exact-model, exact-mla, "
+                                     "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
+                                     "specguard-fly [LOSSY]) and the transformers peers hf-ar, hf-pld, hf-assist. "
+                                     "ar is always run: it is the baseline."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
+    draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
+    max_new_tokens: int = typer.Option(256),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    lang: Optional[str] = typer.Option(None, help="mgsm: language code(s), comma-separated (e.g. en,de)."),
+    category: Optional[str] = typer.Option(None, help="specbench: one task type (mt_bench, translation, "
+                                           "summarization, qa, math_reasoning, rag); default all six."),
+    context_lengths: Optional[str] = typer.Option(None, help="niah: context lengths in target tokens, e.g. 1024,2048."),
+    depths: Optional[str] = typer.Option(None, help="niah: needle depths in [0, 1], e.g. 0,0.5,1."),
+    sg_tau: Optional[float] = typer.Option(None, help="SpecGuard (LOSSY): threshold tau (default: the library's)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Evaluation sets (default: $LOOSESPEC_DATA or shared/data)."),
+    plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
+):
+    """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
+
+    Appends one line per (prompt, method) to OUT/results.jsonl as it finishes; rerunning the same
+    command skips finished pairs. fly-* and specguard* are LOSSY: their accuracy is measured
+    against ar on the same prompts (recovery, paired counts, identical outputs).
+    """
+    from . import bench as B
+    from . import datasets as D
+
+    if limit is not None and limit < 1:
+        raise LoosespecError(f"--limit must be a positive integer, got {limit}")
+    if max_new_tokens < 1:
+        raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    method_list = B.parse_methods(methods)
+    draft_spec = resolve_draft(draft, target)
+    missing = [m for m in method_list if B.needs_draft_model(m)]
+    if missing and draft_spec is None:
+        raise LoosespecError(f"method(s) {', '.join(missing)} need a draft model: pass --draft")
+    if not missing:
+        draft_spec = None  # nothing uses it: do not load it
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                "seed": seed, "sg_tau": sg_tau}
+    for m in method_list:  # fail on bad settings before loading anything
+        B.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
+                        top_k=top_k, has_draft=draft_spec is not None, sg_tau=sg_tau)
+    options = {k: v for k, v in {"lang": lang, "category": category,
+                                 "context_lengths": _csv_numbers(context_lengths, int, "--context-lengths"),
+                                 "depths": _csv_numbers(depths, float, "--depths")}.items() if v is not None}
+    problems = D.load_dataset(dataset, limit, data_dir, **options)  # validates name and options early
+    from .models import pick_device
+
+    resolved = str(pick_device(device))
+    config = B.run_config(target=target, draft=draft_spec, dtype=dtype, device=resolved, dataset=dataset,
+                          options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
+    out.mkdir(parents=True, exist_ok=True)
+    B.check_config(out, config)
+    rows = B.ResultsFile(out / B.RESULTS).read()
+    done = {(r["question_id"], r["method"]) for r in rows}
+    if B.pending_pairs(problems, method_list, done):
+        from .engine import Engine
+        from .text import encode_prompt
+
+        engine = Engine.load(target, draft_spec, dtype=dtype, device=resolved)
+        if dataset == "niah":  # sized in the target's tokens
+            problems = D.load_dataset(dataset, limit, data_dir, **options,
+                                      count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
+        todo = B.pending_pairs(problems, method_list, done)
+        print(f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
+              f"{len(done)} already in {out / B.RESULTS}", file=sys.stderr)
+        B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings,
+                    encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
+                    scorer=lambda p, text: D.score(dataset, p, text), model_id=target,
+                    log=lambda line: tqdm_write(line))
+    else:
+        print(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / B.RESULTS}", file=sys.stderr)
+    summary, table = B.report(out, method_list, config, draw=plots)
+    print(f"\n{dataset}: {target} <- {draft_spec}, {dtype}, {resolved}, {max_new_tokens} new tokens, "
+          f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n")
+    print(table)
+    print(f"\nsummary: {out / B.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
+
+
+def tqdm_write(line: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+@app.command()
+def report(
+    out: Path = typer.Argument(..., help="A results directory written by `loosespec bench`."),
+    methods: Optional[str] = typer.Option(None, help="Only these methods, in this order (default: all)."),
+    plots: bool = typer.Option(True, help="Redraw OUT/*.png."),
+    spec_bench: Optional[Path] = typer.Option(None, help="Also write one <method>.jsonl per method here in "
+                                              "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
+):
+    """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
+    from . import bench as B
+
+    method_list = B.parse_methods(methods) if methods else None
+    summary, table = B.report(out, method_list, draw=plots)
+    if spec_bench is not None:
+        written = B.export_spec_bench(B.ResultsFile(out / B.RESULTS).read(), spec_bench)
+        print(f"Spec-Bench answer files: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    cfg = summary.get("config", {})
+    print(f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
+          f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n")
+    print(table)
 
 
 @models_app.callback()

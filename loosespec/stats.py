@@ -13,6 +13,8 @@
   token-level rounds.
 - ``wall_s`` covers prefill and decoding (model loading excluded); ``ttft_s`` is the time to the
   first committed token; ``tokens_per_s`` = new_tokens / wall_s.
+- ``round_lengths``: tokens emitted by each round (Spec-Bench's ``accept_lengths``), kept on the
+  object for histograms, left out of ``to_dict``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Stats:
     events: dict[str, int] = field(default_factory=dict)  # a rule's own counters (FLy), summed
     steps: list[dict] = field(default_factory=list)  # SpecGuard: one record per step
     candidates_drafted: int = 0
+    round_lengths: list[int] = field(default_factory=list)  # tokens emitted by each round, in order
 
     def record_round(self, drafted: int, accepted: int, emitted: int, events: Mapping[str, int] | None = None) -> None:
         self.rounds += 1
@@ -45,6 +48,7 @@ class Stats:
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.new_tokens += emitted
+        self.round_lengths.append(emitted)
         if drafted > len(self.drafted_at):
             grow = drafted - len(self.drafted_at)
             self.drafted_at += [0] * grow
@@ -63,6 +67,7 @@ class Stats:
             self.drafted_tokens += record["tokens"]
             self.accepted_tokens += record["tokens"]
             self.new_tokens += record["tokens"]
+            self.round_lengths.append(record["tokens"])
 
     def step_summary(self) -> dict:
         if not self.steps:
