@@ -1,4 +1,4 @@
-"""``loosespec`` command line: generate, bench, report, calibrate, models.
+"""``loosespec`` command line: generate, bench, report, calibrate, serve, models.
 
 Errors from bad input are printed as one line (``loosespec: error: ...``) with exit status 2;
 no traceback reaches the terminal.
@@ -362,6 +362,94 @@ def report(
     print(f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
           f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n")
     print(table)
+
+
+@app.command()
+def serve(
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
+    draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
+                              f"for the default target, none for other targets."),
+    method: str = typer.Option("exact", help="Default method; requests choose their own with the 'method' field. "
+                               + _METHOD_HELP),
+    drafter: Optional[str] = typer.Option(None, help="Default drafter (with the default method). " + _DRAFTER_HELP),
+    num_draft_tokens: Optional[int] = typer.Option(None, help="Default draft tokens per round (K), with the default method."),
+    temperature: float = typer.Option(_default("temperature"), help="Default temperature when a request sends none; 0 = greedy."),
+    top_p: float = typer.Option(_default("top_p")),
+    top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
+    seed: int = typer.Option(_default("seed")),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
+    fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats."),
+    fly_entropy_top_k: int = typer.Option(_default("fly_entropy_top_k"), help="FLy (lossy): entropy over the target's top-k probabilities."),
+    fly_sampling: str = typer.Option(_default("fly_sampling"), help="FLy (lossy) at temperature > 0: two-sample | rejection."),
+    sg_candidates: int = typer.Option(_default("sg_candidates"), help="SpecGuard (lossy): draft candidates per step."),
+    sg_temperature: float = typer.Option(_default("sg_temperature"), help="SpecGuard (lossy): temperature of the other candidates."),
+    sg_beta: float = typer.Option(_default("sg_beta"), help="SpecGuard (lossy): score = beta * confidence + (1 - beta) * grounding."),
+    sg_tau: float = typer.Option(_default("sg_tau"), help="SpecGuard (lossy): accept a drafted step iff its score >= tau."),
+    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1], help="SpecGuard (lossy): text that ends a "
+                                     "step; backslash escapes such as \\n are interpreted."),
+    sg_embedder: str = typer.Option(_default("sg_embedder"), help="SpecGuard (lossy): draft | sentence-transformer."),
+    sg_on_reject: str = typer.Option(_default("sg_on_reject"), help="SpecGuard (lossy): draft-assisted | regenerate."),
+    sg_verify: str = typer.Option(_default("sg_verify"), help="SpecGuard (lossy), draft-assisted: exact | fly."),
+    sg_max_step_tokens: int = typer.Option(_default("sg_max_step_tokens"), help="SpecGuard (lossy): cut a step at this many tokens."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; the default answers this machine only. "
+                             "0.0.0.0 exposes the server to the network (use --api-key)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, envvar="LOOSESPEC_API_KEY", help="Require 'Authorization: Bearer KEY' "
+                                          "on /v1/* (/health and /metrics stay open). Also read from $LOOSESPEC_API_KEY."),
+    max_queue: int = typer.Option(64, help="Requests allowed to wait behind the running one; more get 429."),
+    max_tokens_default: int = typer.Option(256, help="max_tokens when a request sends none (capped by the context)."),
+    served_model_name: Optional[str] = typer.Option(None, help="Model name clients send and /v1/models lists "
+                                                    "(default: --target); the target spec is accepted too."),
+    log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug"),
+):
+    """Serve the models over an OpenAI-compatible HTTP API (needs pip install 'loosespec[server]').
+
+    Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true for
+    server-sent events), GET /health, GET /metrics (Prometheus). The decoding options are
+    defaults; each request may choose its own method, drafter, num_draft_tokens, seed and fly_* /
+    sg_* parameters (same names as here, e.g. openai's extra_body={"method": "fly"}). Methods ar,
+    exact and rejection are lossless. fly and specguard are LOSSY: their output differs from the
+    target's own, and their responses say "lossy": true in metrics.
+    """
+    try:
+        from .server import ServerSettings
+        from .server import serve as run_server
+    except ImportError as e:
+        raise LoosespecError(f"the server needs its optional dependencies ({e.name or e}): "
+                             "pip install 'loosespec[server]'") from e
+    from .engine import Engine
+
+    if max_queue < 1:
+        raise LoosespecError(f"--max-queue must be >= 1, got {max_queue}")
+    if max_tokens_default < 1:
+        raise LoosespecError(f"--max-tokens-default must be positive, got {max_tokens_default}")
+    if not (0 < port < 65536):
+        raise LoosespecError(f"--port must be in 1..65535, got {port}")
+    if api_key is not None and not api_key.strip():
+        raise LoosespecError("--api-key must not be empty")
+    draft_spec = resolve_draft(draft, target)
+    defaults = dict(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, temperature=temperature,
+                    top_p=top_p, top_k=top_k, seed=seed, fly_window_size=fly_window_size,
+                    fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
+                    fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,
+                    sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter), sg_embedder=sg_embedder,
+                    sg_on_reject=sg_on_reject, sg_verify=sg_verify, sg_max_step_tokens=sg_max_step_tokens)
+    # fail on bad defaults before loading anything
+    cfg = DecodeConfig.create(**{**defaults, "method": method}, has_draft_model=draft_spec is not None)
+    if draft_spec is None and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
+        raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
+                             "pass --draft")
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device)
+    name = served_model_name or target
+    settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
+                              max_queue=max_queue, max_tokens_default=max_tokens_default)
+    label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
+    print(f"loosespec: serving {name} (draft: {draft_spec or 'none'}; default method {label}"
+          f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"
+          f"{' (API key required)' if api_key else ''}", file=sys.stderr)
+    run_server(engine, settings, host=host, port=port, log_level=log_level)
 
 
 @models_app.callback()
