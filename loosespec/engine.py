@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import __version__
+from .bridge import BridgedDrafter, DraftSide, TokenizerBridge
 from .config import DecodeConfig
 from .drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
 from .drafters.base import EMPTY_DRAFT
@@ -121,7 +122,10 @@ def decode(
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)
         # 5. stats
-        stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), verdict.events)
+        events = verdict.events
+        if draft.draft_units is not None:
+            events = {**(events or {}), "draft_units_drafted": draft.draft_units}
+        stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), events)
         # 6. stream
         yield tokens
         if end is not None:
@@ -181,8 +185,13 @@ class Generation:
         sync(e.device)
         start = time.perf_counter()
         if cfg.method == "specguard":
+            side = None
+            if e.bridge is not None:
+                eos = e.tokenizer.eos_token_id if e.tokenizer.eos_token_id in e.stop_ids else min(e.stop_ids)
+                side = DraftSide(lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True),
+                                 e.draft_stop_ids, e.bridge, eos)
             chunks = decode_steps(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
-                                  e.detokenize, self.prompt_ids, cfg, e.stop_ids, self.stats, generator)
+                                  e.detokenize, self.prompt_ids, cfg, e.stop_ids, self.stats, generator, side)
         else:
             chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
                             e.stop_ids, self.stats)
@@ -227,11 +236,9 @@ class Engine:
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
-        if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer):
-            raise LoosespecError(
-                f"draft '{draft.name}' and target '{target.name}' use different tokenizers; "
-                "choose a draft from the target's family (cross-tokenizer drafting is not supported yet)"
-            )
+        # a draft with another vocabulary drafts through text (loosespec.bridge): greedy drafting only
+        self.bridge = (TokenizerBridge(target.tokenizer, draft.tokenizer)
+                       if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer) else None)
         self.target = target
         self.draft = draft
         self.tokenizer = target.tokenizer
@@ -239,6 +246,7 @@ class Engine:
         self.draft_lm = CachedLM(draft.model) if draft is not None else None
         self.device = self.target_lm.device
         self.stop_ids = end_token_ids(target.model, target.tokenizer)
+        self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
         self._embedders: dict = {}
 
     @classmethod
@@ -270,23 +278,45 @@ class Engine:
         draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
         if cfg.drafter in ("model", "mla") and self.draft_lm is None:
             raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
+        if self.bridge is not None:
+            self._check_bridged(cfg, sampling)
+            draft_sampling = SamplingParams(0.0)
         drafter: Drafter | None
         if cfg.drafter is None:
             drafter = None
         elif cfg.drafter == "ngram":
             drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
         elif cfg.drafter == "model":
-            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self.stop_ids,
+            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(),
                                    cfg.draft_confidence_threshold)
         else:
-            drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self.stop_ids, max_ngram=4,
+            drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), max_ngram=4,
                                  lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
+        if self.bridge is not None and cfg.drafter in ("model", "mla"):
+            drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
         if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
                                    and cfg.sg_verify == "fly"):
             rule = FlyRule(cfg, sampling, generator)
         else:
             rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
         return drafter, rule, generator
+
+    def _draft_side_stops(self) -> frozenset[int]:
+        """End tokens in the ids the draft model works in (its own across tokenizers)."""
+        return self.draft_stop_ids if self.bridge is not None else self.stop_ids
+
+    def _check_bridged(self, cfg: DecodeConfig, sampling: SamplingParams) -> None:
+        """What a text bridge cannot do: give the draft's distribution over the target's vocabulary."""
+        where = f"draft '{self.draft.name}' and target '{self.target.name}' use different tokenizers, so "
+        if cfg.drafter not in ("model", "mla"):  # n-gram lookup drafts in the target's own ids
+            return
+        if not sampling.greedy and cfg.method == "rejection":
+            raise LoosespecError(where + "rejection sampling has no lossless rule here (it needs the draft's "
+                                 "probabilities over the target's vocabulary); use --temperature 0, "
+                                 "--drafter ngram, or --method fly (two-sample drafts greedily)")
+        if not sampling.greedy and cfg.method == "fly" and cfg.fly_sampling == "rejection":
+            raise LoosespecError(where + "fly_sampling 'rejection' needs the draft's probabilities over the "
+                                 "target's vocabulary; use fly_sampling 'two-sample'")
 
     def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
         """Everything needed to reproduce a run."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .bridge import DraftSide
 from .config import DecodeConfig
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter
 from .errors import LoosespecError
@@ -152,33 +153,44 @@ def decode_steps(
     stop_ids: Collection[int],
     stats: Stats,
     generator: torch.Generator | None,
+    side: DraftSide | None = None,  # the draft's ids; None: the draft shares the target's tokenizer
 ) -> Iterator[list[int]]:
-    """Yield one committed step at a time until an end token or ``cfg.max_new_tokens``."""
+    """Yield one committed step at a time until an end token or ``cfg.max_new_tokens``.
+
+    With a draft of another tokenizer (``side`` with a bridge), candidates are drafted, embedded
+    and scored in the draft's ids on the re-encoded text, and the chosen one travels to the
+    target as text (:mod:`loosespec.bridge`)."""
+    side = side or DraftSide(detokenize, stop_ids)
     seq = prompt_ids
     produced = 0
 
     def done(tokens: list[int]) -> bool:
         return step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) is not None
 
+    def draft_done(tokens: list[int]) -> bool:
+        return step_length(tokens, side.detokenize, cfg.sg_delimiter, side.stop_ids) is not None
+
     while produced < cfg.max_new_tokens:
         cap = min(cfg.sg_max_step_tokens, cfg.max_new_tokens - produced)
+        dseq = side.to_draft(seq)
         # 1. k candidates from the draft, the first greedy
-        cands = [draft_candidate(draft, seq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, done)
+        cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
                  for i in range(cfg.sg_candidates)]
         # 2. the most consistent one
-        best = cands[medoid(embed(cands, [detokenize(c.tokens) for c in cands]))]
+        best = cands[medoid(embed(cands, [side.detokenize(c.tokens) for c in cands]))]
         # 3. its scores
-        g = grounding(draft, seq, best.tokens)
+        g = grounding(draft, dseq, best.tokens)
         c = step_confidence(best.logprobs)
         s = step_score(c, g, cfg.sg_beta)
-        record = {"tokens": len(best.tokens), "grounding": g, "confidence": c, "score": s,
-                  "accepted": accept_step(s, cfg.sg_tau), "agrees": None, "agreed_prefix": None}
+        step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
+        record = {"tokens": len(step), "grounding": g, "confidence": c, "score": s,
+                  "accepted": accept_step(s, cfg.sg_tau) and bool(step), "agrees": None, "agreed_prefix": None}
         # 4. accept: the draft's step, no target forward
         if record["accepted"]:
-            tokens = best.tokens
+            tokens = step
         # 5. reject: the target writes the step, with the candidate as first draft or alone
         else:
-            assist = (CandidateFirst(best.tokens, int(seq.shape[0]), drafter)
+            assist = (CandidateFirst(step, int(seq.shape[0]), drafter)
                       if cfg.sg_on_reject == "draft-assisted" else None)
             tokens = []
             for chunk in token_decode(target, assist, rule, seq, cap, cfg.num_draft_tokens, stop_ids, stats):
@@ -186,9 +198,9 @@ def decode_steps(
                 if done(tokens):
                     break
             tokens = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
-            record["agrees"] = tokens == best.tokens
+            record["agrees"] = tokens == step
             record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
-                                                        torch.tensor(best.tokens, dtype=torch.long))
+                                                        torch.tensor(step, dtype=torch.long))
         stats.record_step(record, candidates=len(cands))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)

@@ -13,6 +13,9 @@
   token-level rounds.
 - ``wall_s`` covers prefill and decoding (model loading excluded); ``ttft_s`` is the time to the
   first committed token; ``tokens_per_s`` = new_tokens / wall_s.
+- across tokenizers (:mod:`loosespec.bridge`): ``drafted_tokens`` and ``accepted_tokens`` count
+  the target's tokens (what it verified and kept) and ``draft_units_drafted`` the draft model's
+  own tokens before re-encoding.
 - ``round_lengths``: tokens emitted by each round (Spec-Bench's ``accept_lengths``), kept on the
   object for histograms, left out of ``to_dict``.
 """

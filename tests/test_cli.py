@@ -36,9 +36,11 @@ def test_missing_local_path():
     assert_one_line_error(p, "not found")
 
 
-def test_mismatched_tokenizers(tiny_dir):
-    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"), "hi")
-    assert_one_line_error(p, "different tokenizers")
+def test_mismatched_tokenizers_refuse_what_a_text_bridge_cannot_do(tiny_dir):
+    """Other vocabularies draft through text (greedy); lossless sampling across them is refused."""
+    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"),
+            "--method", "rejection", "--drafter", "model", "--temperature", "0.7", "hi")
+    assert_one_line_error(p, "different tokenizers", "rejection sampling")
 
 
 @pytest.mark.parametrize("n", ["0", "-3"])

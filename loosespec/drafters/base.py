@@ -15,10 +15,13 @@ class Draft:
     tokens: [K] int64 on the CPU (K may be 0: the round degrades to one target step)
     probs:  [K, V] the distribution each token was drawn from (``q`` in rejection sampling), or
             None when the proposal is deterministic (greedy drafting, n-gram lookup): one-hot q.
+    draft_units: set by a cross-tokenizer drafter (loosespec.bridge): the proposal's length in the
+            draft model's own tokens, before re-encoding into the target's.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    draft_units: int | None = None  # across tokenizers: tokens the draft model proposed, in its own units
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
