@@ -221,6 +221,8 @@ def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: f
         kwargs.update(temperature=None, top_p=None, top_k=None)
     gc = GenerationConfig(**kwargs)
     extra = {"assistant_model": engine.draft.model, "tokenizer": engine.tokenizer} if method == "hf-assist" else {}
+    if extra and engine.bridge is not None:  # transformers' universal assisted generation
+        extra["assistant_tokenizer"] = engine.draft.tokenizer
     counter = _RoundCounter()
     inp = ids.unsqueeze(0).to(engine.device)
     torch.manual_seed(seed)
@@ -231,9 +233,7 @@ def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: f
                                            streamer=counter, **extra)
     sync(engine.device)
     wall = time.perf_counter() - t
-    new = out[0, inp.shape[1]:].tolist()
-    while new and new[-1] in eos and len(new) > 1 and new[-2] in eos:  # padding after an end token
-        new.pop()
+    new = out[0, inp.shape[1]:].tolist()  # batch of one: ends at the first end token, no padding
     text = engine.tokenizer.decode(new, skip_special_tokens=True)
     cfg = {"method": method, "generate_kwargs": {k: v for k, v in kwargs.items() if v is not None and k != "eos_token_id"}}
     return Outcome(text, new, wall, counter.lengths, {"new_tokens": len(new), "rounds": len(counter.lengths)}, cfg)
@@ -450,12 +450,14 @@ def format_table(summary: dict) -> str:
 
 
 def format_category_table(summary: dict) -> str:
-    """Speedup per category and method (rows: categories)."""
-    methods = list(summary["methods"])
-    lines = ["| category | " + " | ".join(methods) + " |", "| --- |" + " ---: |" * len(methods)]
+    """Per category and method: n, speedup, mean accepted length, accuracy, recovery, identical to ar."""
+    lines = ["| category | method | n | speedup | mean accepted length | accuracy | recovery | identical to ar |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for cat, per in summary["categories"].items():
-        cells = [(_fmt(per[m]["speedup"]) + "x") if m in per else "-" for m in methods]
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+        for m, s in per.items():
+            lines.append(f"| {cat} | {m}{' (lossy)' if s['lossy'] else ''} | {s['prompts']} | {_fmt(s['speedup'])}x | "
+                         f"{_fmt(s['mean_accepted_length'])} | {_fmt(s.get('accuracy'))} | {_fmt(s.get('recovery'))} | "
+                         f"{_fmt(s['identical_to_ar'])} |")
     return "\n".join(lines)
 
 
@@ -525,8 +527,8 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
 
 
 def report(out: Path, methods: Sequence[str] | None = None, config: dict | None = None,
-           draw: bool = True) -> tuple[dict, str]:
-    """(Re)build ``summary.json``, the table and the plots from ``DIR/results.jsonl``."""
+           draw: bool = True, write: bool = True) -> tuple[dict, str]:
+    """(Re)build ``summary.json`` (unless not ``write``), the table and the plots from ``DIR/results.jsonl``."""
     out = Path(out)
     if not (out / RESULTS).exists():
         raise LoosespecError(f"no {RESULTS} in {out}: run `loosespec bench --out {out}` first")
@@ -540,10 +542,11 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
         raise LoosespecError(f"{out} has no ar results: speedup and recovery are measured against ar")
     summary["config"] = config or {}
     summary["rows"] = len(rows)
-    (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+    if write:
+        (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     text = format_table(summary)
     if len(summary["categories"]) > 1:
-        text += "\n\nSpeedup by category:\n\n" + format_category_table(summary)
+        text += "\n\nBy category:\n\n" + format_category_table(summary)
     if draw:
         plot(rows, summary, out)
     return summary, text

@@ -290,13 +290,14 @@ def bench(
     missing = [m for m in method_list if B.needs_draft_model(m)]
     if missing and draft_spec is None:
         raise LoosespecError(f"method(s) {', '.join(missing)} need a draft model: pass --draft")
-    if not missing:
-        draft_spec = None  # nothing uses it: do not load it
+    # the config names the draft whether or not these methods load it, so that a later run adding
+    # draft-model methods to the same directory matches
+    load_draft = draft_spec if missing else None
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "seed": seed, "sg_tau": sg_tau}
     for m in method_list:  # fail on bad settings before loading anything
         B.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
-                        top_k=top_k, has_draft=draft_spec is not None, sg_tau=sg_tau)
+                        top_k=top_k, has_draft=load_draft is not None, sg_tau=sg_tau)
     options = {k: v for k, v in {"lang": lang, "category": category,
                                  "context_lengths": _csv_numbers(context_lengths, int, "--context-lengths"),
                                  "depths": _csv_numbers(depths, float, "--depths")}.items() if v is not None}
@@ -316,7 +317,7 @@ def bench(
         from .engine import Engine
         from .text import encode_prompt
 
-        engine = Engine.load(target, draft_spec, dtype=dtype, device=resolved)
+        engine = Engine.load(target, load_draft, dtype=dtype, device=resolved)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))

@@ -198,6 +198,17 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_methods_needing_the_draft_can_join_a_run_that_did_not_load_it(tiny_dir, tmp_path):
+    out = tmp_path / "grow"
+    first = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram"), capture_output=True,
+                           text=True, env=env(), timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram,exact-model"),
+                          capture_output=True, text=True, env=env(), timeout=600)
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert pairs(out) == [("gsm8k/0", "ar"), ("gsm8k/0", "exact-ngram"), ("gsm8k/0", "exact-model")]
+
+
 def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     out = tmp_path / "killed"
     cmd = bench_cmd(tiny_dir, out, limit=6, tokens=64)
@@ -245,3 +256,9 @@ def test_spec_bench_export_layout(tmp_path):
     assert set(fly[0]) == set(B.SPEC_BENCH_KEYS)
     # what Spec-Bench's speed script computes: tokens / time per answer
     assert sum(fly[0]["choices"][0]["new_tokens"]) / sum(fly[0]["choices"][0]["wall_time"]) == pytest.approx(4 / 5)
+
+
+def test_category_table_has_accuracy_per_category():
+    table = B.format_category_table(B.summarize(HAND))
+    assert "| b | fly-ngram (lossy) | 2 | 3.33x | 2.00 | 0.50 | 1.00 | 0.00 |" in table
+    assert "| a | ar | 1 | 1.00x | 1.00 | 1.00 | 1.00 | 1.00 |" in table
