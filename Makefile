@@ -66,8 +66,8 @@ calibrate-specguard: setup
 
 # BENCHMARKS.md: every `loosespec bench` run in it (default pair, greedy, bfloat16; NIAH in float32, whose
 # prefill is 3x faster on this CPU). The committed
-# results are in results/bench/, so this reprints them; BENCH_DIR=runs/bench measures afresh (about
-# 2.5 hours on the 2-core development CPU). Each run resumes where it stopped; larger limits only add pairs.
+# results are in results/bench/, so this reprints them; BENCH_DIR=runs/bench measures afresh (80 minutes
+# of timed generation on the 2-core development CPU, plus loading and warm-ups). Each run resumes where it stopped; larger limits only add pairs.
 BENCH_DIR ?= results/bench
 benchmarks: setup
 	$(BIN)/loosespec bench --dataset humaneval --limit 3 --out $(BENCH_DIR)/humaneval \
