@@ -466,6 +466,13 @@ def format_category_table(summary: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
     """speedup_by_category.png, recovery_vs_speedup.png (scored sets), accepted_lengths.png."""
     import matplotlib
@@ -487,10 +494,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_ylabel("speedup over ar (wall time)")
         ax.set_title("Speedup by category")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out / "speedup_by_category.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "speedup_by_category.png"))
     scored = [m for m in methods if summary["methods"][m].get("recovery") is not None]
     if scored:
         fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -503,10 +507,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_xlabel("speedup over ar")
         ax.set_ylabel("accuracy recovery (method / ar)")
         ax.set_title("Accuracy recovery vs speedup (x: lossy)")
-        fig.tight_layout()
-        paths.append(out / "recovery_vs_speedup.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "recovery_vs_speedup.png"))
     lengths = {m: [x for r in rows if r["method"] == m for x in r["accept_lengths"]] for m in summary["methods"]}
     lengths = {m: v for m, v in lengths.items() if v and m != "ar"}
     if lengths:
@@ -519,10 +520,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_ylabel("share of rounds")
         ax.set_title("Accepted lengths per method")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out / "accepted_lengths.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "accepted_lengths.png"))
     return paths
 
 
