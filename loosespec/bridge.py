@@ -20,10 +20,19 @@ The draft proposes in its own tokens; the proposal travels to the target as text
 Verification then runs on target ids as usual, so greedy ``exact`` keeps the target's own greedy
 output exactly (tested in float32) and ``fly`` applies its rule to the re-encoded draft.
 
-Sampling: a lossless rejection rule needs the draft's distribution over the *target's*
-vocabulary, which a text bridge does not give; ``rejection`` and FLy's ``rejection`` variant are
-refused across tokenizers (FLy's default ``two-sample`` variant drafts greedily and works at any
-temperature). Differences from transformers' universal assisted generation (UAG): UAG
+Sampling (T > 0) with ``rejection`` or FLy's ``rejection`` variant: a lossless rejection rule needs
+the draft's distribution ``q`` over the *target's* vocabulary, which a text bridge does not give.
+There the draft samples through the **token-level intersection** (TLI, Timor et al. 2025, as in
+transformers' ``AssistantVocabTranslatorCache``): :class:`VocabIntersection` pairs the tokens whose
+bytes are the same in both vocabularies (byte-level BPE and sentencepiece-style ``\u2581``/``<0xNN>``
+pieces both reduced to bytes; special tokens left out); the draft's logits outside it are masked
+before temperature/top-k/top-p, each drafted token maps one-to-one to a target token, and ``q`` is
+carried over to the target's ids (zero elsewhere). Rejection sampling with any ``q`` emits every
+token from the target's own distribution, so the output is distributed exactly as the target's
+sampling: lossless (the drafted target ids may spell a text in pieces the target tokenizer would
+merge; the target scores whatever ids it is given, as in transformers' TLI). Greedy decoding keeps
+the text bridge, whose unrestricted draft agrees with the target more often. FLy's default
+``two-sample`` variant drafts greedily, through the text bridge, at any temperature. Differences from transformers' universal assisted generation (UAG): UAG
 re-tokenizes a window of the *draft's* recent ids and aligns new tokens by searching for the
 longest overlap, and it uses the target prompt re-encoded the same way; here the whole committed
 text is re-encoded each round (exact, O(length) in a fast Rust tokenizer, negligible next to a
@@ -36,6 +45,7 @@ vocabularies' granularity can be compared.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 
 import torch
@@ -120,3 +130,83 @@ class BridgedDrafter:
             proposal = proposal[:end]
         tokens = self.bridge.to_target(seq, draft_ids, proposal)[:k]
         return Draft(torch.tensor(tokens, dtype=torch.long), None, draft_units=units)
+
+
+def token_bytes(tokenizer) -> dict[int, bytes]:
+    """Each ordinary token's bytes: byte-level BPE (GPT-2 style) and sentencepiece-style vocabularies
+    (``\u2581`` for a space, ``<0xNN>`` byte fallback) both reduced to the bytes they decode to."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    decoder = json.dumps(json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder"))
+    byte_level = '"ByteLevel"' in decoder
+    unbyte = {c: b for b, c in bytes_to_unicode().items()}
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    out: dict[int, bytes] = {}
+    for piece, i in tokenizer.get_vocab().items():
+        if i in special:
+            continue
+        if byte_level:
+            if all(c in unbyte for c in piece):
+                out[i] = bytes(unbyte[c] for c in piece)
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            out[i] = bytes([int(piece[3:5], 16)])
+        else:
+            out[i] = piece.replace("\u2581", " ").encode("utf-8")
+    return out
+
+
+class VocabIntersection:
+    """The tokens two vocabularies share (same bytes): draft id -> target id.
+
+    ``draft_mask`` ([draft logits width] bool) marks the draft ids that have a target twin;
+    ``to_target`` maps them ([draft width] int64, -1 where there is none).
+    """
+
+    def __init__(self, to_target: torch.Tensor, target_width: int):
+        self.to_target = to_target.long()  # [draft width]
+        self.draft_mask = self.to_target >= 0
+        self.target_width = target_width
+
+    @classmethod
+    def between(cls, target_tokenizer, draft_tokenizer, target_width: int, draft_width: int) -> "VocabIntersection":
+        """``*_width``: the models' logits widths (a model may have more rows than its tokenizer has tokens)."""
+        by_bytes: dict[bytes, int] = {}
+        for i, b in sorted(token_bytes(target_tokenizer).items()):
+            by_bytes.setdefault(b, i)
+        to_target = torch.full((draft_width,), -1, dtype=torch.long)
+        for i, b in token_bytes(draft_tokenizer).items():
+            t = by_bytes.get(b)
+            if t is not None and i < draft_width and t < target_width:
+                to_target[i] = t
+        return cls(to_target, target_width)
+
+    def __len__(self) -> int:
+        return int(self.draft_mask.sum())
+
+    def map_draft(self, draft: Draft) -> Draft:
+        """A proposal drawn inside the intersection, in target ids, ``q`` carried over (zero elsewhere)."""
+        tokens = self.to_target[draft.tokens]
+        keep = int((tokens >= 0).long().cumprod(0).sum())  # only a masked draft's end token can miss
+        tokens = tokens[:keep]
+        probs = None
+        if draft.probs is not None:
+            q = draft.probs[:keep, : self.to_target.shape[0]]
+            probs = torch.zeros(keep, self.target_width, dtype=q.dtype, device=q.device)
+            cols = self.draft_mask[: q.shape[1]].nonzero().squeeze(-1).to(q.device)
+            probs[:, self.to_target[cols].to(q.device)] = q[:, cols]
+        return Draft(tokens, probs, draft_units=len(draft))
+
+
+class IntersectionDrafter:
+    """A draft-model drafter (``model`` / ``mla``) sampling only tokens the target's vocabulary shares
+    (its :class:`~loosespec.verify.sampling.SamplingParams` carry ``vocab_mask``), so its proposal and
+    ``q`` are in target ids: lossless rejection sampling across tokenizers (TLI)."""
+
+    def __init__(self, inner, bridge: TokenizerBridge, intersection: VocabIntersection):
+        self.inner = inner
+        self.name = inner.name
+        self.bridge = bridge
+        self.intersection = intersection
+
+    def propose(self, seq: torch.Tensor, k: int) -> Draft:
+        return self.intersection.map_draft(self.inner.propose(self.bridge.to_draft(seq), k))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import __version__
-from .bridge import BridgedDrafter, DraftSide, TokenizerBridge
+from .bridge import BridgedDrafter, DraftSide, IntersectionDrafter, TokenizerBridge, VocabIntersection
 from .config import DecodeConfig
 from .drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
 from .drafters.base import EMPTY_DRAFT
@@ -236,7 +236,7 @@ class Engine:
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
-        # a draft with another vocabulary drafts through text (loosespec.bridge): greedy drafting only
+        # a draft with another vocabulary drafts through text, or samples in the shared vocabulary (loosespec.bridge)
         self.bridge = (TokenizerBridge(target.tokenizer, draft.tokenizer)
                        if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer) else None)
         self.target = target
@@ -248,6 +248,7 @@ class Engine:
         self.stop_ids = end_token_ids(target.model, target.tokenizer)
         self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
         self._embedders: dict = {}
+        self._intersection: VocabIntersection | None = None
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "bfloat16",
@@ -278,8 +279,11 @@ class Engine:
         draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
         if cfg.drafter in ("model", "mla") and self.draft_lm is None:
             raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
-        if self.bridge is not None:
-            self._check_bridged(cfg, sampling)
+        tli = self.bridge is not None and cfg.drafter in ("model", "mla") and self._needs_draft_probs(cfg, sampling)
+        if tli:  # rejection sampling across vocabularies: draft inside the shared vocabulary (bridge.py)
+            draft_sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k,
+                                            vocab_mask=self.intersection().draft_mask)
+        elif self.bridge is not None:  # greedy drafting, the proposal carried over as text
             draft_sampling = SamplingParams(0.0)
         drafter: Drafter | None
         if cfg.drafter is None:
@@ -292,7 +296,9 @@ class Engine:
         else:
             drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), max_ngram=4,
                                  lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
-        if self.bridge is not None and cfg.drafter in ("model", "mla"):
+        if tli:
+            drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
+        elif self.bridge is not None and cfg.drafter in ("model", "mla"):
             drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
         if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
                                    and cfg.sg_verify == "fly"):
@@ -305,18 +311,23 @@ class Engine:
         """End tokens in the ids the draft model works in (its own across tokenizers)."""
         return self.draft_stop_ids if self.bridge is not None else self.stop_ids
 
-    def _check_bridged(self, cfg: DecodeConfig, sampling: SamplingParams) -> None:
-        """What a text bridge cannot do: give the draft's distribution over the target's vocabulary."""
-        where = f"draft '{self.draft.name}' and target '{self.target.name}' use different tokenizers, so "
-        if cfg.drafter not in ("model", "mla"):  # n-gram lookup drafts in the target's own ids
-            return
-        if not sampling.greedy and cfg.method == "rejection":
-            raise LoosespecError(where + "rejection sampling has no lossless rule here (it needs the draft's "
-                                 "probabilities over the target's vocabulary); use --temperature 0, "
-                                 "--drafter ngram, or --method fly (two-sample drafts greedily)")
-        if not sampling.greedy and cfg.method == "fly" and cfg.fly_sampling == "rejection":
-            raise LoosespecError(where + "fly_sampling 'rejection' needs the draft's probabilities over the "
-                                 "target's vocabulary; use fly_sampling 'two-sample'")
+    @staticmethod
+    def _needs_draft_probs(cfg: DecodeConfig, sampling: SamplingParams) -> bool:
+        """Whether the rule needs the draft's distribution ``q`` (rejection sampling, or FLy on it)."""
+        return not sampling.greedy and (cfg.method == "rejection" or (cfg.method == "fly" and cfg.fly_sampling ==
+                                                                       "rejection"))
+
+    def intersection(self) -> VocabIntersection:
+        """The vocabulary draft and target share (built on first use; a draft of another tokenizer only)."""
+        if self._intersection is None:
+            self._intersection = VocabIntersection.between(self.tokenizer, self.draft.tokenizer,
+                                                           self.target.model.get_output_embeddings().weight.shape[0],
+                                                           self.draft.model.get_output_embeddings().weight.shape[0])
+            if len(self._intersection) == 0:
+                raise LoosespecError(f"draft '{self.draft.name}' and target '{self.target.name}' share no token: "
+                                     "rejection sampling across them is impossible; use --temperature 0 or "
+                                     "--drafter ngram")
+        return self._intersection
 
     def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
         """Everything needed to reproduce a run."""

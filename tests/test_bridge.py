@@ -1,5 +1,6 @@
-"""Drafting across tokenizers (loosespec.bridge): text round trips at awkward boundaries, and
-greedy exact verification keeping the target's own output with a draft of another vocabulary."""
+"""Drafting across tokenizers (loosespec.bridge): text round trips at awkward boundaries, greedy
+exact verification keeping the target's own output with a draft of another vocabulary, and lossless
+rejection sampling through the vocabularies' intersection (TLI)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.bridge import TokenizerBridge
+from loosespec.bridge import TokenizerBridge, VocabIntersection, token_bytes
 from loosespec.errors import LoosespecError
 from loosespec.models import list_models
 
@@ -133,19 +134,98 @@ def test_fly_across_tokenizers_runs_and_is_labeled(cross_engine):
     assert r.config["lossy"] is True and 0 < r.stats.new_tokens <= 24
 
 
-def test_what_a_text_bridge_cannot_do_is_refused(cross_engine):
-    with pytest.raises(LoosespecError, match="different tokenizers.*rejection sampling"):
-        cross_engine.generate(PROMPT, DecodeConfig.create("rejection", "model", has_draft_model=True,
-                                                          temperature=0.7, max_new_tokens=4))
-    with pytest.raises(LoosespecError, match="fly_sampling 'rejection'"):
-        cross_engine.generate(PROMPT, DecodeConfig.create("fly", "mla", has_draft_model=True, temperature=0.7,
-                                                          fly_sampling="rejection", max_new_tokens=4))
-    # n-gram drafting never needs the draft model's vocabulary; FLy's two-sample drafts greedily
-    r = cross_engine.generate(PROMPT, DecodeConfig.create("rejection", "ngram", temperature=0.7, max_new_tokens=8))
-    assert r.stats.new_tokens > 0
-    r = cross_engine.generate(PROMPT, DecodeConfig.create("fly", "mla", has_draft_model=True, temperature=0.7,
-                                                          max_new_tokens=8))
-    assert r.stats.new_tokens > 0
+@pytest.mark.parametrize("method, extra", [("rejection", {}), ("fly", {"fly_sampling": "rejection"})])
+@pytest.mark.parametrize("drafter", ["model", "mla"])
+def test_sampling_across_tokenizers_drafts_inside_the_intersection(cross_engine, method, extra, drafter):
+    cfg = DecodeConfig.create(method, drafter, has_draft_model=True, temperature=0.8, max_new_tokens=16, **extra)
+    r = cross_engine.generate(PROMPT, cfg)
+    s = r.stats.to_dict()
+    assert 0 < r.stats.new_tokens <= 16 and s["draft_units_drafted"] > 0 and s["drafted_tokens"] > 0
+    assert s["accepted_tokens"] <= s["drafted_tokens"] <= s["draft_units_drafted"]  # one target id per draft id
+    # every drafted token was inside the intersection and came back as its target twin
+    inter = cross_engine.intersection()
+    assert 0 < len(inter) <= inter.draft_mask.shape[0]
+
+
+def test_intersection_pairs_tokens_that_decode_alike(bridge):
+    t_tok, d_tok = bridge.target, bridge.draft
+    inter = VocabIntersection.between(t_tok, d_tok, len(t_tok), len(d_tok))
+    assert len(inter) > 200  # at least the single bytes / characters every vocabulary has
+    pairs = inter.draft_mask.nonzero().squeeze(-1).tolist()
+    for d in pairs[:: max(1, len(pairs) // 500)]:  # a spread sample, decoded by each tokenizer's own decoder
+        t = int(inter.to_target[d])
+        want = d_tok.convert_tokens_to_string(d_tok.convert_ids_to_tokens([d]))
+        assert t_tok.convert_tokens_to_string(t_tok.convert_ids_to_tokens([t])) == want, (d, t)
+    for special in d_tok.all_special_ids:  # end tokens and the like never travel as drafted text
+        assert special >= inter.to_target.shape[0] or not inter.draft_mask[special]
+    # a word both vocabularies hold whole maps to its twin
+    for word in (" the", " return", "def"):
+        d, t = enc(d_tok, word), enc(t_tok, word)
+        if len(d) == 1 and len(t) == 1:
+            assert int(inter.to_target[d[0]]) == t[0]
+
+
+@pytest.mark.skipif(not all(ready(n) for n in ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")),
+                    reason="needs the Qwen, SmolLM2 and Gemma models prepared")
+def test_shared_vocabulary_sizes():
+    """The figures the README quotes: how much of each embedded drafter's vocabulary Qwen2.5 shares."""
+    from transformers import AutoTokenizer
+
+    from loosespec.models import resolve
+
+    def tok(name):
+        return AutoTokenizer.from_pretrained(resolve(name, progress=False).path)
+
+    qwen = tok("qwen2.5-coder-1.5b-instruct")
+    for name, shared, size in (("smollm2-135m-instruct", 39234, 49152), ("gemma-3-270m", 96078, 262144)):
+        d = tok(name)
+        assert (len(VocabIntersection.between(qwen, d, len(qwen), len(d))), len(d)) == (shared, size), name
+
+
+def test_token_bytes_reads_sentencepiece_pieces():
+    class Fake:  # the three kinds of piece a sentencepiece-style vocabulary has
+        all_special_ids = [0]
+        added_tokens_decoder = {}
+        backend_tokenizer = type("B", (), {"to_str": staticmethod(
+            lambda: '{"decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}}')})
+
+        @staticmethod
+        def get_vocab():
+            return {"<bos>": 0, "\u2581the": 1, "<0x0A>": 2, "東京": 3}
+
+    assert token_bytes(Fake) == {1: b" the", 2: b"\n", 3: "東京".encode()}
+
+
+def test_tli_rejection_sampling_is_lossless():
+    """Draft q masked to the shared tokens and carried over to target ids: rejection sampling then emits
+    exactly the target's p, accepting the draft with probability 1 - TV(p, q); a q carried to the wrong
+    ids would not be lossless."""
+    from loosespec.drafters.base import Draft
+    from loosespec.verify.rejection import rejection_verify
+    from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
+
+    to_target = torch.tensor([3, 0, -1, 5, 1])  # draft id -> target id; draft id 2 has no twin
+    inter = VocabIntersection(to_target, target_width=6)
+    q = logits_to_probs(torch.tensor([[2.0, 1.0, 3.0, 0.5, 1.5]]), SamplingParams(1.0, vocab_mask=inter.draft_mask))
+    assert q[0, 2] == 0 and torch.isclose(q.sum(), torch.tensor(1.0))
+    p = torch.tensor([0.10, 0.05, 0.30, 0.25, 0.10, 0.20])
+    target_probs = p.expand(2, 6).contiguous()
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    counts, wrong = torch.zeros(6), torch.zeros(6)
+    accepted = 0
+    for _ in range(n):
+        d = inter.map_draft(Draft(sample(q, g), q))
+        src = to_target.tolist().index(int(d.tokens[0]))  # the draft id it came from
+        assert d.probs is not None and torch.isclose(d.probs[0, int(d.tokens[0])], q[0, src])
+        v = rejection_verify(d.tokens, d.probs, target_probs, g)
+        counts[int(v.tokens[0])] += 1
+        accepted += v.num_accepted
+        wrong[int(rejection_verify(d.tokens, d.probs.roll(1, -1), target_probs, g).tokens[0])] += 1
+    assert (counts / n - p).abs().max() < 0.012
+    q_target = d.probs[0]
+    assert abs(accepted / n - (1 - 0.5 * (p - q_target).abs().sum())) < 0.012  # E[min(1, p/q)] = 1 - TV
+    assert (wrong / n - p).abs().max() > 0.03
 
 
 @pytest.mark.parametrize("on_reject", ["draft-assisted", "regenerate"])

@@ -36,11 +36,13 @@ def test_missing_local_path():
     assert_one_line_error(p, "not found")
 
 
-def test_mismatched_tokenizers_refuse_what_a_text_bridge_cannot_do(tiny_dir):
-    """Other vocabularies draft through text (greedy); lossless sampling across them is refused."""
-    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"),
-            "--method", "rejection", "--drafter", "model", "--temperature", "0.7", "hi")
-    assert_one_line_error(p, "different tokenizers", "rejection sampling")
+def test_sampling_across_tokenizers_reports_both_units(tiny_dir):
+    """Another vocabulary: rejection sampling drafts in the shared vocabulary (TLI); the statistics
+    say which counts are in target tokens and which in the draft model's."""
+    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"), "--dtype", "float32",
+            "--method", "rejection", "--drafter", "model", "--temperature", "0.7", "--max-new-tokens", "8", "hi")
+    assert p.returncode == 0, p.stderr
+    assert "across tokenizers: drafted" in p.stdout + p.stderr and "draft-model tokens proposed" in p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("n", ["0", "-3"])

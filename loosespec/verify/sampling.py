@@ -8,7 +8,7 @@ written for distributions also cover greedy decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,9 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    # [V] bool: tokens that may be drawn at all (a draft restricted to the vocabulary it shares with
+    # the target, loosespec.bridge); None: every token
+    vocab_mask: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def greedy(self) -> bool:
@@ -31,6 +34,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     returns: [N, V] float32, rows sum to 1
     """
     logits = logits.float()
+    if params.vocab_mask is not None:
+        logits = logits.masked_fill(~params.vocab_mask[: logits.shape[-1]].to(logits.device), float("-inf"))
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
