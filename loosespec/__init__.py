@@ -10,8 +10,17 @@ Library entry points::
 
 __version__ = "0.1.0"
 
-from .config import DecodeConfig  # noqa: E402
-from .engine import Engine, GenerationResult  # noqa: E402
-from .errors import LoosespecError  # noqa: E402
-
 __all__ = ["Engine", "DecodeConfig", "GenerationResult", "LoosespecError", "__version__"]
+
+# Imported on first use (PEP 562): the acceptance rules (loosespec.verify) and the vLLM plugin
+# (loosespec.vllm) need only torch, and run inside vLLM's environment, whose transformers is older than
+# the engine's.
+_LAZY = {"DecodeConfig": ".config", "Engine": ".engine", "GenerationResult": ".engine", "LoosespecError": ".errors"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

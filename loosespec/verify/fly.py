@@ -165,19 +165,22 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    accept, events = _fly_accept(match, target_logits, theta, window_size, top_k)
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
     return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
 
 
-def _fly_accept(match, target_logits, theta, window_size, top_k) -> tuple[torch.Tensor, dict[str, int]]:
-    """FLy's acceptance mask over a match mask, and the round's counters."""
+def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3, window_size: int = 6,
+               top_k: int = 3) -> tuple[torch.Tensor, dict[str, int]]:
+    """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
+    rejection-sampling acceptance), and the round's counters. ``target_logits``: [>= K, V] raw logits,
+    for the entropy gate. Every engine's FLy (this one's rules, the vLLM plugin) goes through here."""
     entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
     accept = fly_mask(match, entropy, theta, window_size)
     return accept, fly_events(match, entropy, theta, window_size, accept)
 
 
 def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k) -> Verdict:
-    accept, events = _fly_accept(match, target_logits, theta, window_size, top_k)
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k)
     return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events)

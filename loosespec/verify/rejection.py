@@ -30,13 +30,14 @@ def native_accept(
     draft_probs: torch.Tensor | None,  # [K, V] q, or None for a deterministic (one-hot) proposal
     target_probs: torch.Tensor,  # [K + 1, V] p, after the same temperature/top-k/top-p as q
     generator: torch.Generator | None,
+    uniform: torch.Tensor | None = None,  # [K] the draws, when the caller makes them (vLLM's per-request seeds)
 ) -> torch.Tensor:
     """[K] bool: ``u_j < p_j(d_j) / q_j(d_j)`` with one uniform draw per position."""
     k = draft_tokens.shape[0]
     rows = torch.arange(k, device=target_probs.device)
     p_d = target_probs[rows, draft_tokens]
     q_d = draft_probs[rows, draft_tokens] if draft_probs is not None else torch.ones_like(p_d)
-    u = torch.rand(k, generator=generator, device=target_probs.device)
+    u = torch.rand(k, generator=generator, device=target_probs.device) if uniform is None else uniform
     return u * q_d < p_d  # u < p/q without dividing by a tiny q
 
 

@@ -1,0 +1,140 @@
+"""FLy on vLLM's verification tensors (LOSSY): the adapter between vLLM's batch layout and
+:mod:`loosespec.verify.fly`, the same rule functions the transformers engine uses.
+
+vLLM (V1 model runner) verifies a whole batch at once: the drafts of all requests are flattened into
+``draft_token_ids`` ([num_tokens]), request ``i`` owning ``[cu_num_draft_tokens[i-1],
+cu_num_draft_tokens[i])`` (``num_draft_tokens[i]`` may be 0); ``target_logits`` has one row per
+draft token (the row that predicts it), ``bonus_token_ids`` ([batch, 1]) the token each request
+emits after a fully accepted draft (vLLM samples it beforehand), and the output is ``[batch,
+max_spec_len + 1]`` int32, each row the kept draft prefix plus one correction or bonus token, then
+``-1`` padding.
+
+Per request, greedy (``is_greedy[i]``, temperature 0) or sampled:
+
+- greedy: ``E_j = (d_j == argmax z_j)``; correction ``argmax z_n``.
+- sampled: ``E_j`` = native rejection-sampling acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (``q`` one-hot
+  when the drafter gives no distribution: n-gram), ``p`` the softmax of vLLM's processed logits
+  (temperature, top-k, top-p); correction from ``normalize(max(0, p_n - q_n))``, drawn with the
+  request's own generator when it has a seed.
+- then FLy's mask over ``E`` (:func:`loosespec.verify.fly.fly_accept`): gate on the entropy of the
+  *raw* logits' top-k probabilities, deferred window, boundary; keep the prefix up to the first
+  final reject.
+
+Each request is ruled on independently, as in the transformers engine, in a Python loop over the
+batch (a handful of small tensor ops per request; a fused kernel would remove the per-request
+host round trips on a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..verify.exact import first_false
+from ..verify.fly import fly_accept
+from ..verify.rejection import native_accept, next_token
+
+PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID
+ENV_PREFIX = "LOOSESPEC_"
+COUNTERS = ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+
+
+@dataclass(frozen=True)
+class FlySettings:
+    """FLy's parameters under vLLM's (upstream pull request's) names. Defaults: methods.md."""
+
+    fly_window_size: int = 6
+    fly_entropy_threshold: float = 0.3
+    fly_entropy_top_k: int = 3
+
+    def __post_init__(self):
+        if self.fly_window_size < 1:
+            raise ValueError(f"fly_window_size must be >= 1, got {self.fly_window_size}")
+        if not self.fly_entropy_threshold >= 0:  # also refuses NaN; +inf closes the gate (exact verification)
+            raise ValueError(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold}")
+        if self.fly_entropy_top_k < 2:
+            raise ValueError(f"fly_entropy_top_k must be >= 2, got {self.fly_entropy_top_k}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "FlySettings | None":
+        """The settings ``LOOSESPEC_*`` variables ask for, or None when FLy is not enabled."""
+        method = environ.get(ENV_PREFIX + "REJECTION_SAMPLE_METHOD", "standard").strip().lower()
+        if method in ("", "standard"):
+            return None
+        if method != "fly":
+            raise ValueError(f"{ENV_PREFIX}REJECTION_SAMPLE_METHOD must be 'fly' or 'standard', got {method!r}")
+        kwargs = {}
+        for name, kind in (("fly_window_size", int), ("fly_entropy_threshold", float), ("fly_entropy_top_k", int)):
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw.strip():
+                try:
+                    kwargs[name] = kind(raw)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a{'n integer' if kind is int else ' number'}, "
+                                     f"got {raw!r}") from None
+        return cls(**kwargs)
+
+
+def fly_rejection_sample(
+    draft_token_ids: torch.Tensor,  # [num_tokens] int
+    num_draft_tokens: Sequence[int],  # [batch]
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,  # [batch] inclusive cumulative sums
+    draft_probs: torch.Tensor | None,  # [num_tokens, V] q, or None (n-gram: one-hot)
+    target_logits: torch.Tensor,  # [num_tokens, V] vLLM's processed logits (raw for greedy requests)
+    bonus_token_ids: torch.Tensor,  # [batch, 1]
+    is_greedy: torch.Tensor | None,  # [batch] bool; None: every request is greedy
+    settings: FlySettings,
+    raw_logits: torch.Tensor | None = None,  # [num_tokens, V] before temperature/top-k/top-p; None: target_logits
+    uniform_probs: torch.Tensor | None = None,  # [num_tokens] rejection-sampling draws; None: drawn here
+    generators: Mapping[int, torch.Generator] | None = None,  # request index -> its seeded generator
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """vLLM-shaped FLy verification: ``([batch, max_spec_len + 1] int32 padded with -1, counters)``."""
+    batch = len(num_draft_tokens)
+    device = target_logits.device
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
+    raw = target_logits if raw_logits is None else raw_logits
+    ends = cu_num_draft_tokens.tolist()
+    greedy_rows = [True] * batch if is_greedy is None else is_greedy.tolist()
+    generators = generators or {}
+    totals = dict.fromkeys(COUNTERS, 0)
+    start = 0
+    for i in range(batch):
+        end = int(ends[i])
+        k = end - start
+        if k != int(num_draft_tokens[i]):
+            raise ValueError(f"request {i}: cu_num_draft_tokens gives {k} draft tokens, num_draft_tokens "
+                             f"{num_draft_tokens[i]}")
+        draft = draft_token_ids[start:end].long()
+        bonus = bonus_token_ids[i].reshape(-1)[:1].long()
+        if k == 0:
+            out[i, 0] = bonus[0]
+            start = end
+            continue
+        if greedy_rows[i]:
+            target = target_logits[start:end].argmax(-1)
+            match = draft == target
+        else:
+            probs = target_logits[start:end].float().softmax(-1)
+            q = draft_probs[start:end].float() if draft_probs is not None else None
+            gen = generators.get(i)
+            u = uniform_probs[start:end] if uniform_probs is not None else None
+            match = native_accept(draft, q, probs, gen, uniform=u)
+        accept, events = fly_accept(match, raw[start:end], settings.fly_entropy_threshold,
+                                    settings.fly_window_size, settings.fly_entropy_top_k)
+        n = first_false(accept)
+        if n == k:
+            nxt = bonus
+        elif greedy_rows[i]:
+            nxt = target[n: n + 1]
+        else:
+            nxt = next_token(n, draft, q, probs, gen)
+        out[i, :n] = draft[:n].to(torch.int32)
+        out[i, n] = nxt[0].to(torch.int32)
+        for name in COUNTERS:
+            totals[name] += events[name]
+        start = end
+    return out, totals
