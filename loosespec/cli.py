@@ -76,6 +76,9 @@ def _summary(label: str, s: dict) -> str:
             f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
             f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
             f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s")
+    if "draft_units_drafted" in s:  # drafting across tokenizers: say which units are which
+        line += (f"; across tokenizers: drafted {s['drafted_tokens']} and accepted {s['accepted_tokens']} in target "
+                 f"tokens ({s['draft_units_drafted']} draft-model tokens proposed)")
     if "steps" in s:
         line += (f", steps {s['steps']} ({s['accepted_steps']} from the draft, {s['target_steps']} from the target), "
                  f"mean score {s['mean_score']:.3f}")
@@ -138,7 +141,9 @@ def generate(
     draft_spec = resolve_draft(draft, target)
     if method == "ar" or (drafter == "ngram" and method != "specguard"):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
+    if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
+        drafter = "model" if draft_spec is not None else "ngram"
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or 5, has_draft_model=draft_spec is not None,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
                               fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
@@ -252,8 +257,10 @@ def bench(
     methods: str = typer.Option(",".join(BENCH_DEFAULT_METHODS),
                                 help="Comma list of <method>-<drafter> (ar, exact-ngram, exact-model, exact-mla, "
                                      "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
-                                     "specguard-fly [LOSSY]) and the transformers peers hf-ar, hf-pld, hf-assist. "
-                                     "ar is always run: it is the baseline."),
+                                     "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
+                                     "and vLLM (make vllm) vllm-ar, vllm-ngram, vllm-draft, vllm-fly, "
+                                     "vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
+                                     "the vllm-* methods when listed)."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
     max_new_tokens: int = typer.Option(256),
@@ -271,6 +278,8 @@ def bench(
     sg_tau: Optional[float] = typer.Option(None, help="SpecGuard (LOSSY): threshold tau (default: the library's)."),
     data_dir: Optional[Path] = typer.Option(None, help="Evaluation sets (default: $LOOSESPEC_DATA or shared/data)."),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
+    vllm_num_speculative_tokens: int = typer.Option(5, help="vllm-* methods: speculative_config's "
+                                                    "num_speculative_tokens."),
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
 
@@ -288,8 +297,9 @@ def bench(
     method_list = B.parse_methods(methods)
     draft_spec = resolve_draft(draft, target)
     missing = [m for m in method_list if B.needs_draft_model(m)]
-    if missing and draft_spec is None:
-        raise LoosespecError(f"method(s) {', '.join(missing)} need a draft model: pass --draft")
+    vllm_draft = [m for m in method_list if m in ("vllm-draft", "vllm-fly")]
+    if (missing or vllm_draft) and draft_spec is None:
+        raise LoosespecError(f"method(s) {', '.join(missing + vllm_draft)} need a draft model: pass --draft")
     # the config names the draft whether or not these methods load it, so that a later run adding
     # draft-model methods to the same directory matches
     load_draft = draft_spec if missing else None
@@ -324,7 +334,17 @@ def bench(
         todo = B.pending_pairs(problems, method_list, done)
         print(f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
               f"{len(done)} already in {out / B.RESULTS}", file=sys.stderr)
-        B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings,
+        vllm = None
+        if any(m.startswith("vllm-") for m in method_list):
+            from .models import resolve
+            from .vllm.runner import VllmSettings
+
+            if dtype == "float16" or resolved != "cpu" and not resolved.startswith("cuda"):
+                raise LoosespecError(f"vllm-* methods run on cpu or cuda in bfloat16/float32, not {resolved} {dtype}")
+            vllm = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path)
+                                if draft_spec else None, dtype=dtype,
+                                num_speculative_tokens=vllm_num_speculative_tokens)
+        B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings, vllm=vllm,
                     encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
                     scorer=lambda p, text: D.score(dataset, p, text), model_id=target,
                     log=lambda line: tqdm_write(line))
@@ -404,6 +424,11 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, help="Model name clients send and /v1/models lists "
                                                     "(default: --target); the target spec is accepted too."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug"),
+    engine_name: str = typer.Option("transformers", "--engine", help="transformers (this process) | vllm: run "
+                                    "`vllm serve` from vLLM's environment (make vllm) with the loosespec plugin; "
+                                    "ar, exact or fly (LOSSY) with --drafter model or ngram, server-wide."),
+    vllm_bin: str = typer.Option(None, help="--engine vllm: the vllm executable (default: .venv-vllm/bin/vllm or "
+                                 "$LOOSESPEC_VLLM_BIN)."),
 ):
     """Serve the models over an OpenAI-compatible HTTP API (needs pip install 'loosespec[server]').
 
@@ -431,6 +456,12 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise LoosespecError("--api-key must not be empty")
     draft_spec = resolve_draft(draft, target)
+    if engine_name == "vllm":
+        return _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly_window_size,
+                           fly_entropy_threshold, fly_entropy_top_k, host, port, api_key,
+                           served_model_name or target, vllm_bin)
+    if engine_name != "transformers":
+        raise LoosespecError(f"--engine must be transformers or vllm, got {engine_name!r}")
     defaults = dict(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, temperature=temperature,
                     top_p=top_p, top_k=top_k, seed=seed, fly_window_size=fly_window_size,
                     fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
@@ -451,6 +482,34 @@ def serve(
           f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr)
     run_server(engine, settings, host=host, port=port, log_level=log_level)
+
+
+def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly_window_size, fly_entropy_threshold,
+                fly_entropy_top_k, host, port, api_key, served_model_name, vllm_bin) -> None:
+    """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
+    import os
+
+    from .models import resolve
+    from .vllm.runner import DEFAULT_VLLM, VllmSettings, method_for, server_command
+
+    if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
+        drafter = "model" if draft_spec is not None else "ngram"
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or 5, has_draft_model=draft_spec is not None,
+                              fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
+                              fly_entropy_top_k=fly_entropy_top_k)
+    vm = method_for(cfg.method, cfg.drafter)
+    if vm in ("vllm-draft", "vllm-fly") and draft_spec is None:
+        raise LoosespecError(f"method {cfg.method} with drafter model needs a draft model: pass --draft")
+    exe = vllm_bin or DEFAULT_VLLM
+    if not os.path.exists(exe):
+        raise LoosespecError(f"vLLM not found at {exe}: run `make vllm` or pass --vllm-bin")
+    settings = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path) if vm in (
+        "vllm-draft", "vllm-fly") else None, dtype=dtype, num_speculative_tokens=cfg.num_draft_tokens,
+        vllm_bin=exe, fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
+        fly_entropy_top_k=fly_entropy_top_k)
+    argv, env = server_command(vm, settings, port, host=host, served_model_name=served_model_name, api_key=api_key)
+    print(f"loosespec: {vm}{' (LOSSY)' if cfg.lossy else ''} via {' '.join(argv[:3])} ...", file=sys.stderr)
+    os.execve(argv[0], argv, {**os.environ, **env})
 
 
 @models_app.callback()

@@ -1,0 +1,195 @@
+"""Benchmark methods served by vLLM (``vllm-ar``, ``vllm-ngram``, ``vllm-draft``, ``vllm-fly``,
+``vllm-fly-ngram``): the harness starts ``vllm serve`` from vLLM's own environment (``make vllm``) once
+per method, sends the same prompt token ids as the other methods, and reads the speculative-decoding
+counters from vLLM's ``/metrics``.
+
+- ``vllm-ar``: no speculation; the baseline of the other ``vllm-*`` methods (speedup, recovery).
+- ``vllm-ngram``: vLLM's prompt lookup (``method: ngram``), exact.
+- ``vllm-draft``: the draft model (``method: draft_model``), exact.
+- ``vllm-fly`` / ``vllm-fly-ngram``: the same drafts verified by FLy through the loosespec plugin
+  (LOSSY).
+
+Per request: ``wall_s`` is the client's time from request to complete response (batch of one:
+one request in flight); ``mean_accepted_length`` is vLLM's (1 + accepted / drafts), from the
+counters' change over the request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LoosespecError
+
+VLLM_METHODS = ("vllm-ar", "vllm-ngram", "vllm-draft", "vllm-fly", "vllm-fly-ngram")
+VLLM_BASELINE = "vllm-ar"
+METRICS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+           "accepted": "vllm:spec_decode_num_accepted_tokens"}
+DEFAULT_VLLM = os.environ.get("LOOSESPEC_VLLM_BIN", str(Path(".venv-vllm/bin/vllm")))
+CPU_ENV = {  # both cores, KV cache in GiB; see BENCHMARKS.md (vLLM)
+    "VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
+}
+
+
+def is_vllm_method(method: str) -> bool:
+    return method.startswith("vllm-")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    target: str  # HF directory of the target (the embedded models' converted safetensors)
+    draft: str | None
+    dtype: str = "bfloat16"
+    num_speculative_tokens: int = 5
+    max_model_len: int = 4096
+    vllm_bin: str = DEFAULT_VLLM
+    fly_window_size: int = 6
+    fly_entropy_threshold: float = 0.3
+    fly_entropy_top_k: int = 3
+
+
+def speculative_config(method: str, s: VllmSettings) -> dict | None:
+    if method == "vllm-ar":
+        return None
+    k = s.num_speculative_tokens
+    if method in ("vllm-ngram", "vllm-fly-ngram"):
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if method in ("vllm-draft", "vllm-fly"):
+        if not s.draft:
+            raise LoosespecError(f"method '{method}' needs a draft model (--draft)")
+        return {"method": "draft_model", "model": s.draft, "num_speculative_tokens": k}
+    raise LoosespecError(f"unknown vLLM method '{method}' (known: {', '.join(VLLM_METHODS)})")
+
+
+def method_for(method: str, drafter: str | None) -> str:
+    """loosespec's (method, drafter) -> the vLLM method serving it, or an error saying what vLLM lacks."""
+    table = {("ar", None): "vllm-ar", ("exact", "ngram"): "vllm-ngram", ("exact", "model"): "vllm-draft",
+             ("fly", "model"): "vllm-fly", ("fly", "ngram"): "vllm-fly-ngram"}
+    if (method, drafter) not in table:
+        raise LoosespecError(f"--engine vllm serves ar, exact or fly with --drafter model or ngram (vLLM's "
+                             f"draft_model and ngram proposers); not {method}" + (f" with {drafter}" if drafter else ""))
+    return table[(method, drafter)]
+
+
+def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0.1", served_model_name: str = "target",
+                   api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``vllm serve`` argv and the environment changes for one method."""
+    argv = [s.vllm_bin, "serve", s.target, "--host", host, "--port", str(port), "--dtype", s.dtype,
+            "--max-model-len", str(s.max_model_len), "--served-model-name", served_model_name, "--max-num-seqs", "8"]
+    if api_key:
+        argv += ["--api-key", api_key]
+    spec = speculative_config(method, s)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec)]
+    env = dict(CPU_ENV)
+    if method.startswith("vllm-fly"):
+        env.update({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly", "LOOSESPEC_FLY_WINDOW_SIZE": str(s.fly_window_size),
+                    "LOOSESPEC_FLY_ENTROPY_THRESHOLD": repr(s.fly_entropy_threshold),
+                    "LOOSESPEC_FLY_ENTROPY_TOP_K": str(s.fly_entropy_top_k)})
+    else:
+        env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] = "standard"
+    return argv, env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def spec_counters(base_url: str) -> dict[str, float]:
+    """vLLM's cumulative speculative-decoding counters (0 when it does not speculate)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(METRICS, 0.0)
+    wanted = {name + "_total": key for key, name in METRICS.items()}
+    for family in text_string_to_metric_families(_get(base_url.rstrip("/") + "/metrics")):
+        for sample in family.samples:  # summed over label sets (one per model / engine)
+            if sample.name in wanted:
+                out[wanted[sample.name]] += sample.value
+    return out
+
+
+class VllmServer:
+    """``vllm serve`` for one method, started on entry (waits for ``/health``), stopped on exit; its
+    output goes to ``log_path``."""
+
+    def __init__(self, method: str, settings: VllmSettings, log_path: Path, startup_timeout_s: float = 1200):
+        if not Path(settings.vllm_bin).exists() and shutil.which(settings.vllm_bin) is None:
+            raise LoosespecError(f"vLLM not found at {settings.vllm_bin}: run `make vllm` (its own environment) "
+                                 "or set LOOSESPEC_VLLM_BIN")
+        self.method, self.settings, self.log_path = method, settings, Path(log_path)
+        self.timeout = startup_timeout_s
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "VllmServer":
+        argv, env = server_command(self.method, self.settings, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "a")
+        log.write(f"\n# {' '.join(argv)}\n# env {json.dumps(env)}\n")
+        log.flush()
+        self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LoosespecError(f"vllm serve ({self.method}) exited with {self.proc.returncode} while starting; "
+                                     f"see {self.log_path}")
+            try:
+                _get(self.base_url + "/health", timeout=2)
+                return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(2)
+        self.__exit__(None, None, None)
+        raise LoosespecError(f"vllm serve ({self.method}) not ready after {self.timeout:.0f} s; see {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def vllm_generate(base_url: str, ids: list[int], *, max_new_tokens: int, temperature: float, seed: int,
+                  top_p: float = 1.0, top_k: int = 0, model: str = "target", timeout_s: float = 3600):
+    """One completion on the prompt's token ids; returns (text, token_ids, wall_s, counters delta, request)."""
+    body = {"model": model, "prompt": [int(i) for i in ids], "max_tokens": max_new_tokens,
+            "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "seed": seed,
+            "return_token_ids": True}
+    before = spec_counters(base_url)
+    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            resp = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise LoosespecError(f"vLLM answered {e.code}: {e.read().decode(errors='replace')[:500]}") from None
+    wall = time.perf_counter() - t
+    after = spec_counters(base_url)
+    choice = resp["choices"][0]
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise LoosespecError("vLLM did not return token ids (needs a vLLM that accepts return_token_ids)")
+    delta = {k: after[k] - before[k] for k in METRICS}
+    body.pop("prompt")
+    return choice["text"], list(token_ids), wall, delta, body
