@@ -370,28 +370,63 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     s = settings
     kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
               top_k=s["top_k"])
+    server_info = {"dtype": vllm.dtype, "num_speculative_tokens": vllm.num_speculative_tokens,
+                   "fly": method.startswith("vllm-fly"), "concurrency": vllm.concurrency}
+
+    def finish(problem, text, token_ids, wall, stats, request):
+        outcome = Outcome(text, token_ids, wall, [], stats,
+                          {"method": method, "engine": "vllm", "request": request, "server": server_info})
+        score = scorer(problem, text)
+        row = result_row(problem, dataset, method, outcome, score, model_id)
+        results.append(row)
+        rows.append(row)
+        if log is not None:
+            log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
+                + ("" if score is None else f"  {'right' if score else 'wrong'}"))
+
     with VllmServer(method, vllm, out / "vllm.log") as server:
         first = [int(i) for i in encode(problems[0])[:WARMUP_PROMPT_TOKENS]]
         vllm_generate(server.base_url, first, **{**kw, "max_new_tokens": min(WARMUP_TOKENS, s["max_new_tokens"])})
-        for problem in tqdm(problems, desc=f"bench {dataset} {method}", unit="run", disable=not progress,
-                            dynamic_ncols=True):
-            ids = [int(i) for i in encode(problem)]
-            text, token_ids, wall, delta, request = vllm_generate(server.base_url, ids, **kw)
-            drafts = int(delta["drafts"])
-            rounds = drafts if drafts else len(token_ids)
-            stats = {"new_tokens": len(token_ids), "rounds": rounds, "drafted_tokens": int(delta["draft_tokens"]),
-                     "accepted_tokens": int(delta["accepted"]), "wall_s": round(wall, 4), "vllm_counters": delta}
-            outcome = Outcome(text, token_ids, wall, [], stats,
-                              {"method": method, "engine": "vllm", "request": request,
-                               "server": {"dtype": vllm.dtype, "num_speculative_tokens": vllm.num_speculative_tokens,
-                                          "fly": method.startswith("vllm-fly")}})
-            score = scorer(problem, text)
-            row = result_row(problem, dataset, method, outcome, score, model_id)
-            results.append(row)
-            rows.append(row)
-            if log is not None:
-                log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
-                    + ("" if score is None else f"  {'right' if score else 'wrong'}"))
+        bar = tqdm(total=len(problems), desc=f"bench {dataset} {method}", unit="run", disable=not progress,
+                   dynamic_ncols=True)
+        if vllm.concurrency == 1:  # batch of one: each request's own counters
+            for problem in problems:
+                text, token_ids, wall, delta, request = vllm_generate(server.base_url, [int(i) for i in encode(problem)],
+                                                                      **kw)
+                drafts = int(delta["drafts"])
+                finish(problem, text, token_ids, wall,
+                       {"new_tokens": len(token_ids), "rounds": drafts if drafts else len(token_ids),
+                        "drafted_tokens": int(delta["draft_tokens"]), "accepted_tokens": int(delta["accepted"]),
+                        "wall_s": round(wall, 4), "vllm_counters": delta}, request)
+                bar.update()
+        else:  # concurrent load: blocks of `concurrency` requests in flight; counters per block
+            from concurrent.futures import ThreadPoolExecutor
+
+            from .vllm.runner import spec_counters
+
+            n = vllm.concurrency
+            with ThreadPoolExecutor(n) as pool:
+                for b in range(0, len(problems), n):
+                    block = problems[b: b + n]
+                    before, t = spec_counters(server.base_url), time.perf_counter()
+                    futures = [pool.submit(vllm_generate, server.base_url, [int(i) for i in encode(p)],
+                                           counters=False, **kw) for p in block]
+                    done = [f.result() for f in futures]
+                    makespan = time.perf_counter() - t
+                    after = spec_counters(server.base_url)
+                    delta = {k: after[k] - before[k] for k in after}
+                    toks = sum(len(d[1]) for d in done)
+                    tau = 1 + delta["accepted"] / delta["drafts"] if delta["drafts"] else 1.0
+                    for problem, (text, token_ids, wall, _, request) in zip(block, done):
+                        # vLLM's counters cannot be split between requests in flight together: each row's
+                        # rounds come from its block's mean accepted length
+                        finish(problem, text, token_ids, wall,
+                               {"new_tokens": len(token_ids), "rounds": max(1, round(len(token_ids) / tau)),
+                                "rounds_from_block": True, "wall_s": round(wall, 4),
+                                "block": {"requests": len(block), "makespan_s": round(makespan, 4),
+                                          "new_tokens": toks, "vllm_counters": delta}}, request)
+                        bar.update()
+        bar.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +492,10 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
             "ar_right_method_wrong": sum(bool(ar[r["question_id"]]["score"]) and not r["score"] for r in scored),
             "ar_wrong_method_right": sum(not ar[r["question_id"]]["score"] and bool(r["score"]) for r in scored),
         })
+    blocks = {(r["stats"]["block"]["makespan_s"], r["stats"]["block"]["new_tokens"])
+              for r in paired if r.get("stats", {}).get("block")}
+    if blocks:  # vLLM under concurrent load: tokens of all requests / time the blocks took
+        s["throughput_tokens_per_s"] = round(sum(t for _, t in blocks) / sum(m for m, _ in blocks), 4)
     steps = [r["stats"].get("steps") for r in paired if r.get("stats", {}).get("steps")]
     if steps:
         s["step_accept_rate"] = round(sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps"))

@@ -20,20 +20,23 @@ The draft proposes in its own tokens; the proposal travels to the target as text
 Verification then runs on target ids as usual, so greedy ``exact`` keeps the target's own greedy
 output exactly (tested in float32) and ``fly`` applies its rule to the re-encoded draft.
 
-Sampling (T > 0) with ``rejection`` or FLy's ``rejection`` variant: a lossless rejection rule needs
-the draft's distribution ``q`` over the *target's* vocabulary, which a text bridge does not give.
-There the draft samples through the **token-level intersection** (TLI, Timor et al. 2025, as in
-transformers' ``AssistantVocabTranslatorCache``): :class:`VocabIntersection` pairs the tokens whose
-bytes are the same in both vocabularies (byte-level BPE and sentencepiece-style ``\u2581``/``<0xNN>``
-pieces both reduced to bytes; special tokens left out); the draft's logits outside it are masked
-before temperature/top-k/top-p, each drafted token maps one-to-one to a target token, and ``q`` is
-carried over to the target's ids (zero elsewhere). Rejection sampling with any ``q`` emits every
-token from the target's own distribution, so the output is distributed exactly as the target's
-sampling: lossless (the drafted target ids may spell a text in pieces the target tokenizer would
-merge; the target scores whatever ids it is given, as in transformers' TLI). Greedy decoding keeps
-the text bridge, whose unrestricted draft agrees with the target more often. FLy's default
-``two-sample`` variant drafts greedily, through the text bridge, at any temperature. Differences from transformers' universal assisted generation (UAG): UAG
-re-tokenizes a window of the *draft's* recent ids and aligns new tokens by searching for the
+Sampling (T > 0) with ``rejection`` or FLy's ``rejection`` variant: speculative sampling proper
+needs the draft's distribution ``q`` over the *target's* vocabulary, which a text bridge does not
+give (a greedy text-bridged proposal would be verified as a deterministic one, like prompt lookup:
+lossless, but each token kept only with probability ``p(d)``). There the draft samples through the
+**token-level intersection** (TLI, Timor et al. 2025, as in transformers'
+``AssistantVocabTranslatorCache``): :class:`VocabIntersection` pairs the tokens whose bytes are the
+same in both vocabularies (byte-level BPE and sentencepiece-style ``\u2581``/``<0xNN>`` pieces both
+reduced to bytes; special tokens left out); the draft's logits outside it are masked before
+temperature/top-k/top-p, each drafted token maps one-to-one to a target token, and ``q`` is carried
+over to the target's ids (zero elsewhere). Rejection sampling then keeps a token with probability
+``min(1, p/q)`` and emits every token from the target's own distribution: lossless (the drafted
+target ids may spell a text in pieces the target tokenizer would merge; the target scores whatever
+ids it is given, as in transformers' TLI). Greedy decoding keeps the text bridge, whose
+unrestricted draft agrees with the target more often. FLy's default ``two-sample`` variant drafts
+greedily, through the text bridge, at any temperature.
+
+Differences from transformers' universal assisted generation (UAG): UAG re-tokenizes a window of the *draft's* recent ids and aligns new tokens by searching for the
 longest overlap, and it uses the target prompt re-encoded the same way; here the whole committed
 text is re-encoded each round (exact, O(length) in a fast Rust tokenizer, negligible next to a
 forward) and the cache memo finds the rollback point.

@@ -280,6 +280,8 @@ def bench(
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
     vllm_num_speculative_tokens: int = typer.Option(5, help="vllm-* methods: speculative_config's "
                                                     "num_speculative_tokens."),
+    vllm_concurrency: int = typer.Option(1, help="vllm-* methods: requests in flight (1: batch of one; N: blocks "
+                                         "of N concurrent requests, throughput in the summary)."),
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
 
@@ -295,6 +297,8 @@ def bench(
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     method_list = B.parse_methods(methods)
+    if vllm_concurrency < 1:
+        raise LoosespecError(f"--vllm-concurrency must be >= 1, got {vllm_concurrency}")
     draft_spec = resolve_draft(draft, target)
     missing = [m for m in method_list if B.needs_draft_model(m)]
     vllm_draft = [m for m in method_list if m in ("vllm-draft", "vllm-fly")]
@@ -319,6 +323,8 @@ def bench(
                           options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
+    if vllm_concurrency > 1:  # a different measurement: it gets its own directory
+        config["vllm_concurrency"] = vllm_concurrency
     out.mkdir(parents=True, exist_ok=True)
     B.check_config(out, config)
     rows = B.ResultsFile(out / B.RESULTS).read()
@@ -343,7 +349,7 @@ def bench(
                 raise LoosespecError(f"vllm-* methods run on cpu or cuda in bfloat16/float32, not {resolved} {dtype}")
             vllm = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path)
                                 if draft_spec else None, dtype=dtype,
-                                num_speculative_tokens=vllm_num_speculative_tokens)
+                                num_speculative_tokens=vllm_num_speculative_tokens, concurrency=vllm_concurrency)
         B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings, vllm=vllm,
                     encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
                     scorer=lambda p, text: D.score(dataset, p, text), model_id=target,

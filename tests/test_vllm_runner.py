@@ -81,6 +81,21 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     assert len(again) == 9
 
 
+def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
+    problems = [Problem(i) for i in range(3)]
+    settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
+    vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin, concurrency=2)
+    rows = B.run_bench(None, problems, ["vllm-ar", "vllm-draft"], tmp_path, dataset="toy", settings=settings,
+                       encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target",
+                       progress=False, vllm=vllm)
+    draft = [r for r in rows if r["method"] == "vllm-draft"]
+    assert [r["stats"]["block"]["requests"] for r in draft] == [2, 2, 1]
+    assert draft[0]["stats"]["block"]["vllm_counters"]["drafts"] == 4  # two requests of 6 tokens: 2 steps each
+    assert draft[0]["rounds"] == 2 and draft[0]["config"]["server"]["concurrency"] == 2
+    s = B.summarize(rows)["methods"]["vllm-draft"]
+    assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
+
+
 def test_a_server_that_dies_while_starting_is_reported(tmp_path):
     exe = tmp_path / "vllm"
     exe.write_text("#!/bin/sh\necho 'RuntimeError: no AVX-512' >&2\nexit 3\n")

@@ -9,9 +9,11 @@ counters from vLLM's ``/metrics``.
 - ``vllm-fly`` / ``vllm-fly-ngram``: the same drafts verified by FLy through the loosespec plugin
   (LOSSY).
 
-Per request: ``wall_s`` is the client's time from request to complete response (batch of one:
-one request in flight); ``mean_accepted_length`` is vLLM's (1 + accepted / drafts), from the
-counters' change over the request.
+Per request: ``wall_s`` is the client's time from request to complete response;
+``mean_accepted_length`` is vLLM's (1 + accepted / drafts), from the counters' change over the
+request (batch of one). Under concurrent load (``--vllm-concurrency N``: blocks of N requests in
+flight) the counters are read per block, each row's rounds come from its block's mean accepted
+length, and the summary adds ``throughput_tokens_per_s`` (all tokens / the blocks' wall time).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class VllmSettings:
     fly_window_size: int = 6
     fly_entropy_threshold: float = 0.3
     fly_entropy_top_k: int = 3
+    concurrency: int = 1  # requests in flight in the benchmark (1: batch of one)
 
 
 def speculative_config(method: str, s: VllmSettings) -> dict | None:
@@ -170,12 +173,14 @@ class VllmServer:
 
 
 def vllm_generate(base_url: str, ids: list[int], *, max_new_tokens: int, temperature: float, seed: int,
-                  top_p: float = 1.0, top_k: int = 0, model: str = "target", timeout_s: float = 3600):
-    """One completion on the prompt's token ids; returns (text, token_ids, wall_s, counters delta, request)."""
+                  top_p: float = 1.0, top_k: int = 0, model: str = "target", timeout_s: float = 3600,
+                  counters: bool = True):
+    """One completion on the prompt's token ids; returns (text, token_ids, wall_s, counters delta, request).
+    ``counters=False`` (requests in flight together): no counter delta (None)."""
     body = {"model": model, "prompt": [int(i) for i in ids], "max_tokens": max_new_tokens,
             "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "seed": seed,
             "return_token_ids": True}
-    before = spec_counters(base_url)
+    before = spec_counters(base_url) if counters else None
     req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t = time.perf_counter()
@@ -185,11 +190,11 @@ def vllm_generate(base_url: str, ids: list[int], *, max_new_tokens: int, tempera
     except urllib.error.HTTPError as e:
         raise LoosespecError(f"vLLM answered {e.code}: {e.read().decode(errors='replace')[:500]}") from None
     wall = time.perf_counter() - t
-    after = spec_counters(base_url)
+    after = spec_counters(base_url) if counters else None
     choice = resp["choices"][0]
     token_ids = choice.get("token_ids")
     if token_ids is None:
         raise LoosespecError("vLLM did not return token ids (needs a vLLM that accepts return_token_ids)")
-    delta = {k: after[k] - before[k] for k in METRICS}
+    delta = {k: after[k] - before[k] for k in METRICS} if counters else None
     body.pop("prompt")
     return choice["text"], list(token_ids), wall, delta, body
