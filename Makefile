@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm clean-venv
+.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -125,6 +125,15 @@ test-vllm: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/python -m pytest -q -s -m vllm tests/test_vllm_integration.py
+
+# vLLM (make vllm) on the default pair: vllm-ar / vllm-ngram / vllm-draft / vllm-fly (LOSSY) next to the
+# transformers ar, batch of one; VLLM_N GSM8K problems. One `vllm serve` per method (each start compiles).
+VLLM_N ?= 2
+bench-vllm: setup vllm
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(VLLM_N) --max-new-tokens 256 --out $(BENCH_DIR)/vllm/gsm8k \
+		--methods ar,vllm-ar,vllm-ngram,vllm-draft,vllm-fly
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt

@@ -1,8 +1,10 @@
 """Refresh the tables in BENCHMARKS.md from the result directories they come from.
 
 Every block between ``<!-- report DIR -->`` and ``<!-- end report -->`` is replaced by the table
-``loosespec report DIR`` prints (per method, then per category when there are several), so the
-numbers in BENCHMARKS.md are always the ones in ``DIR/results.jsonl``:
+``loosespec report DIR`` prints (per method, then per category when there are several), and every
+block between ``<!-- drafts DIR -->`` and ``<!-- end drafts -->`` by one table comparing the result
+directories under DIR (one per dataset and draft model), so the numbers in BENCHMARKS.md are always
+the ones in the ``results.jsonl`` files:
 
     python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
     python benchmarks/update_benchmarks_md.py --check    # exit 1 if it is out of date
@@ -11,14 +13,47 @@ numbers in BENCHMARKS.md are always the ones in ``DIR/results.jsonl``:
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
 
-from loosespec.bench import report
+from loosespec.bench import RESULTS, ResultsFile, report
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DOTALL)
+DRAFTS = re.compile(r"(<!-- drafts (\S+) -->\n)(.*?)(<!-- end drafts -->)", re.DOTALL)
+
+
+def _f(v, spec=".2f"):
+    return "-" if v is None else format(v, spec)
+
+
+def drafts_table(root: Path) -> str:
+    """One row per (result directory, method) under ``root``: the directories differ by draft model.
+    ``draft units / target token``: draft-model tokens proposed per target token drafted (1 when the
+    tokenizers are the same)."""
+    head = ("| set | draft | method | prompts | speedup [95% CI] | tok/s | mean accepted length | acceptance rate "
+            "| draft units / target token | identical to ar | scored right (ar) |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for d in sorted(p for p in root.iterdir() if (p / RESULTS).exists()):
+        summary, _ = report(d, draw=False, write=False)
+        draft = json.loads((d / "config.json").read_text())["draft"]
+        rows = ResultsFile(d / RESULTS).read()
+        for m, s in summary["methods"].items():
+            if m == "ar":
+                continue
+            mine = [r for r in rows if r["method"] == m]
+            drafted = sum(r.get("drafted_tokens") or 0 for r in mine)
+            units = sum(r["stats"].get("draft_units_drafted", r.get("drafted_tokens") or 0) for r in mine)
+            ci = s.get("speedup_ci95")
+            right = (f"{round(s['accuracy'] * s['scored'])}/{s['scored']} ({round(s['ar_accuracy'] * s['scored'])})"
+                     if s.get("scored") else "-")
+            lines.append(f"| {d.name.split('-')[0]} | {draft} | {m} | {s['prompts']} | {_f(s['speedup'])}x "
+                         f"[{_f(ci[0]) if ci else '-'}, {_f(ci[1]) if ci else '-'}] | {_f(s['tokens_per_s'])} | "
+                         f"{_f(s['mean_accepted_length'])} | {_f(s['acceptance_rate'])} | "
+                         f"{_f(units / drafted if drafted else None)} | {_f(s['identical_to_ar'])} | {right} |")
+    return "\n".join(lines)
 
 
 def render(md: str) -> str:
@@ -26,7 +61,10 @@ def render(md: str) -> str:
         _, text = report(ROOT / m.group(2), draw=False, write=False)
         return m.group(1) + "\n" + text + "\n\n" + m.group(4)
 
-    return BLOCK.sub(table, md)
+    def drafts(m: re.Match) -> str:
+        return m.group(1) + "\n" + drafts_table(ROOT / m.group(2)) + "\n\n" + m.group(4)
+
+    return DRAFTS.sub(drafts, BLOCK.sub(table, md))
 
 
 def main(argv=None) -> int:

@@ -4,6 +4,7 @@ from /metrics, results rows, and speedup measured against vllm-ar."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,8 +33,10 @@ def test_server_commands_per_method():
     assert speculative_config("vllm-ngram", s)["method"] == "ngram"
     assert speculative_config("vllm-fly", s) == {"method": "draft_model", "model": "/m/draft",
                                                  "num_speculative_tokens": 4}
-    argv, env = server_command("vllm-fly", s, 8000)
-    assert argv[1:3] == ["serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
+    argv, env = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/vllm"), 8000)
+    assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
+    argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
+    assert argv[:5] == ["/x/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/target"]
     assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "6" and float(env["LOOSESPEC_FLY_ENTROPY_THRESHOLD"]) == 0.3
     _, env = server_command("vllm-draft", s, 8000)
     assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly

