@@ -138,12 +138,13 @@ class VllmServer:
     """``vllm serve`` for one method, started on entry (waits for ``/health``), stopped on exit; its
     output goes to ``log_path``."""
 
-    def __init__(self, method: str, settings: VllmSettings, log_path: Path, startup_timeout_s: float = 1200):
+    def __init__(self, method: str, settings: VllmSettings, log_path: Path, startup_timeout_s: float | None = None):
         if not Path(settings.vllm_bin).exists() and shutil.which(settings.vllm_bin) is None:
             raise LoosespecError(f"vLLM not found at {settings.vllm_bin}: run `make vllm` (its own environment) "
                                  "or set LOOSESPEC_VLLM_BIN")
         self.method, self.settings, self.log_path = method, settings, Path(log_path)
-        self.timeout = startup_timeout_s
+        # a first start compiles target and draft: over 20 minutes on a busy 2-core CPU
+        self.timeout = startup_timeout_s or float(os.environ.get("LOOSESPEC_VLLM_STARTUP_TIMEOUT", 3600))
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
