@@ -141,9 +141,7 @@ def generate(
     draft_spec = resolve_draft(draft, target)
     if method == "ar" or (drafter == "ngram" and method != "specguard"):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
-    if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
-        drafter = "model" if draft_spec is not None else "ngram"
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or 5, has_draft_model=draft_spec is not None,
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
                               fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
