@@ -345,14 +345,20 @@ def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, 
             ids_cache.clear()
             ids_cache[problem.id] = encode(problem)
         outcome = run_method(engine, method, ids_cache[problem.id], settings)
-        score = scorer(problem, outcome.text)
-        row = result_row(problem, dataset, method, outcome, score, model_id)
-        results.append(row)
-        rows.append(row)
-        if log is not None:
-            log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
-                + ("" if score is None else f"  {'right' if score else 'wrong'}"))
+        _record(problem, method, outcome, results, rows, dataset=dataset, scorer=scorer, model_id=model_id, log=log)
     return rows
+
+
+def _record(problem, method: str, outcome: Outcome, results: "ResultsFile", rows: list[dict], *, dataset: str,
+            scorer: Callable, model_id: str, log: Callable[[str], None] | None) -> None:
+    """Score one finished run, append its row (flushed) and log it."""
+    score = scorer(problem, outcome.text)
+    row = result_row(problem, dataset, method, outcome, score, model_id)
+    results.append(row)
+    rows.append(row)
+    if log is not None:
+        log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
+            + ("" if score is None else f"  {'right' if score else 'wrong'}"))
 
 
 def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "ResultsFile", rows: list[dict], *,
@@ -376,13 +382,7 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     def finish(problem, text, token_ids, wall, stats, request):
         outcome = Outcome(text, token_ids, wall, [], stats,
                           {"method": method, "engine": "vllm", "request": request, "server": server_info})
-        score = scorer(problem, text)
-        row = result_row(problem, dataset, method, outcome, score, model_id)
-        results.append(row)
-        rows.append(row)
-        if log is not None:
-            log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
-                + ("" if score is None else f"  {'right' if score else 'wrong'}"))
+        _record(problem, method, outcome, results, rows, dataset=dataset, scorer=scorer, model_id=model_id, log=log)
 
     with VllmServer(method, vllm, out / "vllm.log") as server:
         first = [int(i) for i in encode(problems[0])[:WARMUP_PROMPT_TOKENS]]

@@ -169,6 +169,8 @@ class VocabIntersection:
         self.to_target = to_target.long()  # [draft width]
         self.draft_mask = self.to_target >= 0
         self.target_width = target_width
+        self._shared = self.draft_mask.nonzero().squeeze(-1)  # draft ids with a twin, and the twins
+        self._twins = self.to_target[self._shared]
 
     @classmethod
     def between(cls, target_tokenizer, draft_tokenizer, target_width: int, draft_width: int) -> "VocabIntersection":
@@ -193,10 +195,9 @@ class VocabIntersection:
         tokens = tokens[:keep]
         probs = None
         if draft.probs is not None:
-            q = draft.probs[:keep, : self.to_target.shape[0]]
+            q = draft.probs[:keep]
             probs = torch.zeros(keep, self.target_width, dtype=q.dtype, device=q.device)
-            cols = self.draft_mask[: q.shape[1]].nonzero().squeeze(-1).to(q.device)
-            probs[:, self.to_target[cols].to(q.device)] = q[:, cols]
+            probs[:, self._twins.to(q.device)] = q[:, self._shared.to(q.device)]
         return Draft(tokens, probs, draft_units=len(draft))
 
 
