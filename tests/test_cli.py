@@ -108,3 +108,10 @@ def test_models_list_runs():
 
 def test_models_pull_unknown():
     assert_one_line_error(cli("models", "pull", "gpt-17"), "unknown embedded model")
+
+
+@pytest.mark.parametrize("flag", ["--vllm-concurrency", "--vllm-max-num-batched-tokens"])
+def test_bad_vllm_bench_options(tiny_dir, tmp_path, flag):
+    p = cli("bench", "--target", str(tiny_dir / "target"), "--dataset", "gsm8k", "--methods", "vllm-ar",
+            "--out", str(tmp_path / "out"), flag, "0")
+    assert_one_line_error(p, flag, "got 0")

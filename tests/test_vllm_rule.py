@@ -12,7 +12,7 @@ import torch
 
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection
-from loosespec.vllm.rule import FlySettings, fly_rejection_sample
+from loosespec.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2
 
 V = 12
 
@@ -165,6 +165,82 @@ def test_settings_from_environment():
         FlySettings(fly_entropy_top_k=1)
 
 
+def v2_batch(requests, states, max_num_reqs=6, temperature=0.0, seed=7):
+    """[(draft tokens, target logits [K+1, V])] in vLLM's V2 runner layout: every request owns K+1 logits rows,
+    ``draft_sampled`` holds each row's input token (the last sampled token, then the drafts), requests sit at
+    request-state slots ``states``."""
+    rows, sampled, cu, pos = [], [], [0], []
+    for d, z in requests:
+        rows.append(z[: len(d) + 1])
+        sampled += [0, *d]
+        pos += list(range(100, 101 + len(d)))
+        cu.append(cu[-1] + len(d) + 1)
+    temps = torch.zeros(max_num_reqs)
+    for r, st in enumerate(states):
+        temps[st] = temperature[r] if isinstance(temperature, (list, tuple)) else temperature
+    return dict(target_logits=torch.cat(rows), draft_sampled=torch.tensor(sampled), cu_num_logits=torch.tensor(cu),
+                pos=torch.tensor(pos), idx_mapping=torch.tensor(states), temperature=temps,
+                seed=torch.full((max_num_reqs,), seed))
+
+
+def verify_v2(b, settings, k=9, draft_logits=None, processed=None):
+    target = b["target_logits"] if processed is None else processed
+    return fly_rejection_sample_v2(target, b["target_logits"], draft_logits, b["draft_sampled"], b["cu_num_logits"],
+                                   b["pos"], b["idx_mapping"], b["temperature"], b["seed"], k, settings)
+
+
+def v2_rows(sampled, num_sampled):
+    return [sampled[i, : int(n)].tolist() for i, n in enumerate(num_sampled)]
+
+
+def test_v2_layout_rules_as_v1_does():
+    """The V2 runner's layout (bonus rows inline, requests at permuted state slots) gives the V1 result."""
+    reqs = make_requests()
+    for s in (FlySettings(), FlySettings(fly_entropy_threshold=math.inf)):
+        v1, ev1 = verify(reqs, s)
+        sampled, num, ev2 = verify_v2(v2_batch(reqs, states=[4, 0, 5, 2]), s)
+        assert sampled.shape == (4, 10) and sampled.dtype == torch.int64 and num.dtype == torch.int32
+        assert v2_rows(sampled, num) == [row(v1, i) for i in range(4)]
+        assert ev1 == ev2
+
+
+def test_v2_placeholder_drafts_are_rejected():
+    """A -1 draft (V2 marks drafts of a request still in prefill so) ends the draft even where FLy would defer."""
+    t = [3, 4, 7, 1, 2, 9, 4, 6, 8, 0]
+    z = logits_for(t, flat={1})
+    good, _, _ = verify_v2(v2_batch([([3, 5, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
+    assert good[0].tolist() == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # deferred, as in V1
+    sampled, num, events = verify_v2(v2_batch([([3, -1, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
+    assert v2_rows(sampled, num) == [[3, 4]] and events["fly_mismatches"] == 0
+
+
+def test_v2_sampled_requests_read_their_own_draft_logits():
+    """draft_logits is indexed by request-state slot, pre-temperature: q == p accepts every draft (ratio 1);
+    a draft the target gives ~0 probability is rejected at once."""
+    g = torch.Generator().manual_seed(3)
+    k, temp = 4, 0.7
+    z_a = torch.randn(k + 1, V, generator=g)
+    d_a = [1, 2, 3, 4]
+    z_b = torch.randn(k + 1, V, generator=g)
+    z_b[:, 5] = -30.0
+    d_b = [5, 5, 5, 5]
+    b = v2_batch([(d_a, z_a), (d_b, z_b)], states=[3, 0], temperature=temp)
+    draft_logits = torch.full((6, k, V), 1.0)  # other slots: flat garbage
+    draft_logits[3] = z_a[:k]  # request A's drafter agrees with the target exactly
+    draft_logits[0] = torch.zeros(k, V)
+    draft_logits[0, :, 5] = 30.0  # request B's drafter is sure of a token the target excludes
+    processed = b["target_logits"] / temp
+    gate_closed = FlySettings(fly_entropy_threshold=math.inf)
+    for seed in range(5):
+        b["seed"] = torch.full((6,), seed)
+        sampled, num, _ = verify_v2(b, gate_closed, k=k, draft_logits=draft_logits, processed=processed)
+        a, bb = v2_rows(sampled, num)
+        assert a[:k] == d_a and len(a) == k + 1
+        assert len(bb) == 1 and bb[0] != 5
+    again = verify_v2(b, gate_closed, k=k, draft_logits=draft_logits, processed=processed)
+    assert torch.equal(again[0], sampled)  # a seeded request verifies the same way every time
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     """The names the plugin touches in vllm.v1.sample.rejection_sampler, as a stand-in module."""
@@ -214,3 +290,56 @@ def test_plugin_replaces_verification_and_counts(fake_vllm, monkeypatch, tmp_pat
 
     counts = json.loads(files[0].read_text())
     assert counts["steps"] >= 1 and counts["fly_deferred"] >= 1 and counts["drafted_tokens"] >= 14
+
+
+@pytest.fixture
+def fake_vllm_v2(fake_vllm, monkeypatch):
+    """The V2 runner's RejectionSampler as a stand-in: the plugin wraps its ``_verify``."""
+    mod = types.ModuleType("vllm.v1.worker.gpu.spec_decode.rejection_sampler")
+
+    class RejectionSampler:
+        def __init__(self, sampler, k):
+            self.sampler, self.num_speculative_steps = sampler, k
+            self.synthetic_conditional_rates, self.use_block_verification, self.watermark_key = None, False, None
+
+        def _verify(self, *args):
+            return "vllm's own"
+
+    mod.RejectionSampler = RejectionSampler
+    for name in ("vllm.v1.worker", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.spec_decode"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    sys.modules["vllm.v1.worker.gpu.spec_decode"].rejection_sampler = mod
+    return mod
+
+
+def test_plugin_wraps_the_v2_runner(fake_vllm_v2, monkeypatch, tmp_path):
+    from loosespec.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_FLY_STATS_FILE", str(tmp_path / "fly.json"))
+    plugin.register()
+    reqs = make_requests()
+    b = v2_batch(reqs, states=[1, 0, 3, 2])
+    temp = 0.02
+
+    def apply_sampling_params(logits, *args):
+        return logits / temp  # what a tiny temperature does: every row looks certain
+
+    states = types.SimpleNamespace(temperature=types.SimpleNamespace(gpu=b["temperature"]),
+                                   seeds=types.SimpleNamespace(gpu=b["seed"]))
+    sampler = types.SimpleNamespace(apply_sampling_params=apply_sampling_params, sampling_states=states)
+    rs = fake_vllm_v2.RejectionSampler(sampler, 9)
+    processed, sampled, num = rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"],
+                                         b["idx_mapping"], b["idx_mapping"].numpy(), None, None, None,
+                                         b["draft_sampled"])
+    assert torch.equal(processed, b["target_logits"] / temp)
+    assert v2_rows(sampled, num)[0] == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the gate read the raw logits
+    import json
+
+    counts = json.loads((tmp_path / "fly.json").read_text())
+    assert counts["steps"] == 1 and counts["fly_deferred"] == 1 and counts["drafted_tokens"] == 14
+    rs.use_block_verification = True
+    with pytest.raises(RuntimeError, match="'block'"):
+        rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
+                   b["idx_mapping"].numpy(), None, None, None, b["draft_sampled"])

@@ -37,6 +37,9 @@ def test_server_commands_per_method():
     assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
     argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
     assert argv[:5] == ["/x/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/target"]
+    assert "--max-num-batched-tokens" not in argv  # vLLM's default unless asked
+    argv, _ = server_command("vllm-ar", dataclasses.replace(s, max_num_batched_tokens=256), 8000)
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
     assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "6" and float(env["LOOSESPEC_FLY_ENTROPY_THRESHOLD"]) == 0.3
     _, env = server_command("vllm-draft", s, 8000)
     assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly

@@ -8,9 +8,11 @@ runner vLLM uses on CPU) by :func:`loosespec.vllm.rule.fly_rejection_sample`, an
 divides sampled requests' logits by their temperature in place before verification). Without the
 variable the plugin does nothing, so installing loosespec into a vLLM environment changes nothing.
 
-Not covered, said plainly: the GPU V2 model runner (``vllm/v1/worker/gpu/spec_decode``) has its own
-fused ``rejection_sample`` with another layout; with FLy enabled the plugin makes it raise (use
-``VLLM_USE_V2_MODEL_RUNNER=0`` on a GPU) instead of verifying exactly while FLy looks enabled.
+On GPUs vLLM's default V2 model runner (``vllm/v1/worker/gpu/spec_decode``) verifies with its own
+fused kernel and another layout; the plugin wraps its ``RejectionSampler._verify`` (which holds the raw
+logits before processing) and rules through :func:`loosespec.vllm.rule.fly_rejection_sample_v2`, a
+re-layout onto the same function. That path is tested on hand-built V2-shaped tensors and against the
+installed class's signature, not on a GPU (none was available to this project).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 
 import torch
 
-from .rule import COUNTERS, FlySettings, fly_rejection_sample
+from .rule import COUNTERS, FlySettings, fly_rejection_sample, fly_rejection_sample_v2
 
 log = logging.getLogger("loosespec.vllm")
 _STATE = threading.local()  # the raw logits of the batch being verified (one model runner per process)
@@ -65,8 +67,8 @@ def register() -> None:
 
     if getattr(rs.rejection_sample, "_loosespec", False):  # already patched in this process
         return
-    _refuse_v2_runner()
     counters = FlyCounters(os.environ.get("LOOSESPEC_FLY_STATS_FILE"))
+    _patch_v2_runner(settings, counters)
     original_constraints = rs.apply_sampling_constraints
     greedy_temperature = getattr(rs.GREEDY_TEMPERATURE, "value", rs.GREEDY_TEMPERATURE)
 
@@ -100,18 +102,36 @@ def register() -> None:
                 settings.fly_window_size, settings.fly_entropy_threshold, settings.fly_entropy_top_k)
 
 
-def _refuse_v2_runner() -> None:
-    """FLy is wired into the V1 runner only: make the V2 runner's verification fail loudly on its first
-    call (vLLM chooses the runner from the whole configuration, after plugins load) rather than verify
-    exactly while the user believes FLy is on."""
+def _patch_v2_runner(settings: FlySettings, counters: FlyCounters) -> None:
+    """FLy in the V2 model runner (vLLM's default on GPUs): wrap ``RejectionSampler._verify``, which holds
+    the raw logits (FLy's gate reads them) before ``apply_sampling_params`` processes them, and rule through
+    :func:`loosespec.vllm.rule.fly_rejection_sample_v2` instead of the fused kernel."""
     try:
         import vllm.v1.worker.gpu.spec_decode.rejection_sampler as v2
-    except Exception:  # no V2 runner in this vLLM build (CPU builds import it lazily or not at all)
+    except Exception as exc:  # no V2 runner in this vLLM build (or it cannot import here, e.g. without Triton)
+        log.info("loosespec: vLLM's V2 runner is not importable here (%s); FLy covers the V1 runner", exc)
+        return
+    sampler_cls = getattr(v2, "RejectionSampler", None)
+    if sampler_cls is None or not hasattr(sampler_cls, "_verify") or getattr(sampler_cls._verify, "_loosespec", False):
         return
 
-    def refuse(*args, **kwargs):
-        raise RuntimeError("loosespec FLy is wired into vLLM's V1 model runner only; start vLLM with "
-                           "VLLM_USE_V2_MODEL_RUNNER=0, or unset LOOSESPEC_REJECTION_SAMPLE_METHOD")
+    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
+                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
+        if self.synthetic_conditional_rates is not None or self.use_block_verification:
+            raise RuntimeError("loosespec FLy replaces vLLM's rejection_sample_method; it cannot be combined "
+                               "with 'synthetic' or 'block' verification")
+        if getattr(self, "watermark_key", None) is not None:
+            raise RuntimeError("loosespec FLy cannot be combined with vLLM's watermarking sampler")
+        processed = self.sampler.apply_sampling_params(
+            logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, draft_sampled, expanded_local_pos,
+            seq_lens_upper_bound_np)
+        states = self.sampler.sampling_states
+        sampled, num_sampled, events = fly_rejection_sample_v2(
+            processed, logits, draft_logits, verify_draft_sampled, cu_num_logits, pos, idx_mapping,
+            states.temperature.gpu, states.seeds.gpu, self.num_speculative_steps, settings)
+        drafted = (cu_num_logits[1:] - cu_num_logits[:-1] - 1).tolist()
+        counters.add(sampled, drafted, events)  # sampled is -1 past num_sampled
+        return processed, sampled, num_sampled
 
-    if hasattr(v2, "rejection_sample"):
-        v2.rejection_sample = refuse
+    _verify._loosespec = True
+    sampler_cls._verify = _verify

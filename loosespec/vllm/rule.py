@@ -138,3 +138,87 @@ def fly_rejection_sample(
             totals[name] += events[name]
         start = end
     return out, totals
+
+
+def _request_generator(seed: int, pos: int, device) -> torch.Generator:
+    """A generator for one request's verification step, fixed by its seed and position (as vLLM's V2 runner
+    draws ``tl_rand32(seed, pos)``): a seeded request verifies the same way every time."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((int(seed) * 1_000_003 + int(pos)) % (2**63 - 1))
+    return gen
+
+
+def fly_rejection_sample_v2(
+    target_logits: torch.Tensor,  # [num_logits, V] processed (penalties, temperature, top-k/top-p)
+    raw_logits: torch.Tensor,  # [num_logits, V] before processing: FLy's gate reads these
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, num_speculative_steps, V] pre-temperature; None: one-hot
+    draft_sampled: torch.Tensor,  # [num_logits] the input token of each logits row; -1: placeholder draft
+    cu_num_logits: torch.Tensor,  # [num_reqs + 1]
+    pos: torch.Tensor,  # [num_logits]
+    idx_mapping: torch.Tensor,  # [num_reqs] batch index -> request-state index
+    temperature: torch.Tensor,  # [max_num_reqs]; 0: greedy
+    seed: torch.Tensor,  # [max_num_reqs]
+    num_speculative_steps: int,
+    settings: FlySettings,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """FLy on vLLM's V2 model runner layout (the GPU default): ``(sampled [num_reqs, k + 1] int64,
+    num_sampled [num_reqs] int32, counters)``.
+
+    V2 gives request ``r`` the logits rows ``[cu[r], cu[r+1])``: row ``cu[r] + j`` verifies the draft
+    token in ``draft_sampled[cu[r] + j + 1]`` and the last row yields the bonus token. This function only
+    re-lays the batch out as the V1 runner does (flattened drafts, bonus tokens drawn beforehand, ``q`` as
+    probabilities) and rules through :func:`fly_rejection_sample`, so both runners apply one rule. A ``-1``
+    placeholder draft and everything after it are rejected, as V2's own kernel does.
+    """
+    device = target_logits.device
+    cu = cu_num_logits.tolist()
+    states = idx_mapping.tolist()
+    temps = temperature.float().tolist()
+    seeds = seed.tolist()
+    num_reqs = len(cu) - 1
+    keep_rows: list[torch.Tensor] = []  # logits rows that verify a draft token
+    draft_ids: list[torch.Tensor] = []
+    q_rows: list[torch.Tensor] = []
+    bonus, counts, greedy, generators = [], [], [], {}
+    for r in range(num_reqs):
+        lo, hi = int(cu[r]), int(cu[r + 1])
+        drafts = draft_sampled[lo + 1: hi].long()
+        invalid = (drafts < 0).nonzero()
+        k = int(invalid[0, 0]) if len(invalid) else len(drafts)  # drafts from a placeholder on are rejected
+        state, temp = int(states[r]), float(temps[states[r]])
+        is_greedy = temp == 0.0
+        greedy.append(is_greedy)
+        counts.append(k)
+        keep_rows.append(torch.arange(lo, lo + k, device=device))
+        draft_ids.append(drafts[:k])
+        last = target_logits[lo + k]
+        if is_greedy:
+            bonus.append(last.argmax().view(1))
+        else:
+            gen = _request_generator(seeds[state], int(pos[lo]), device)
+            generators[r] = gen
+            bonus.append(torch.multinomial(last.float().softmax(-1), 1, generator=gen))
+            if draft_logits is not None and k:
+                q_rows.append((draft_logits[state, :k].float() / temp).softmax(-1))
+        if draft_logits is not None and k and is_greedy:  # greedy rows never read q; keep the layout whole
+            q_rows.append(torch.zeros(k, draft_logits.shape[-1], device=device))
+    rows = torch.cat(keep_rows) if keep_rows else torch.zeros(0, dtype=torch.long, device=device)
+    vocab = target_logits.shape[-1]
+    q = None
+    if draft_logits is not None:
+        q = torch.cat(q_rows) if q_rows else torch.zeros(0, vocab, device=device)
+        if q.shape[-1] < vocab:  # a draft vocabulary padded shorter than the target's
+            q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+    is_greedy_t = torch.tensor(greedy, dtype=torch.bool)
+    uniform = None
+    if not all(greedy):
+        uniform = torch.cat([torch.rand(counts[r], dtype=torch.float64, generator=generators[r], device=device)
+                             if r in generators else torch.zeros(counts[r], dtype=torch.float64, device=device)
+                             for r in range(num_reqs)])
+    out, events = fly_rejection_sample(
+        torch.cat(draft_ids) if draft_ids else torch.zeros(0, dtype=torch.long, device=device), counts,
+        num_speculative_steps, torch.tensor(counts, dtype=torch.long).cumsum(0), q, target_logits[rows],
+        torch.cat(bonus).view(-1, 1), is_greedy_t, settings, raw_logits=raw_logits[rows], uniform_probs=uniform,
+        generators=generators)
+    num_sampled = (out >= 0).sum(-1).to(torch.int32)
+    return out.long(), num_sampled, events
