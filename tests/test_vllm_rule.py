@@ -343,3 +343,24 @@ def test_plugin_wraps_the_v2_runner(fake_vllm_v2, monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="'block'"):
         rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
                    b["idx_mapping"].numpy(), None, None, None, b["draft_sampled"])
+
+
+def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
+    """vLLM's start-up profiling verifies random logits under top-p 0.9 and can leave a row with no finite
+    logit; the rule must draw from the unprocessed row instead of failing (V1 and V2 layouts)."""
+    d = [2, 2]
+    raw = logits_for([7, 7, 7])
+    processed = raw.clone()
+    processed[0] = -math.inf  # nothing left at the first position
+    draft_ids, num, cu, _, bonus = batch([(d, raw)])
+    q = torch.full((2, V), 1.0 / V)
+    for seed in range(5):
+        out, _ = fly_rejection_sample(draft_ids, num, 2, cu, q, processed[:2], bonus, torch.tensor([False]),
+                                      FlySettings(fly_entropy_threshold=math.inf), raw_logits=raw[:2],
+                                      generators={0: torch.Generator().manual_seed(seed)})
+        assert row(out, 0) == [7]  # rejected (p(2) ~ 0 under the raw row), corrected from the raw row's mass
+    b = v2_batch([(d, raw)], [0], temperature=1.0)
+    sampled, num2, _ = fly_rejection_sample_v2(processed.flip(0), raw.flip(0), None, b["draft_sampled"],
+                                               b["cu_num_logits"], b["pos"], b["idx_mapping"], b["temperature"],
+                                               b["seed"], 2, FlySettings())
+    assert int(num2[0]) >= 1  # the last (bonus) row is the emptied one here: drawn from its raw row

@@ -78,6 +78,17 @@ class FlySettings:
         return cls(**kwargs)
 
 
+def _target_probs(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """Softmax of vLLM's processed logits; a row that top-k/top-p left without a finite logit (vLLM's own
+    start-up profiling sends such rows: random logits, top-p 0.9) is no distribution, and falls back to the
+    softmax of its unprocessed row instead of failing the draw."""
+    probs = processed.float().softmax(-1)
+    bad = ~torch.isfinite(probs).all(-1)
+    if bool(bad.any()):
+        probs[bad] = raw[bad].float().softmax(-1)
+    return probs
+
+
 def fly_rejection_sample(
     draft_token_ids: torch.Tensor,  # [num_tokens] int
     num_draft_tokens: Sequence[int],  # [batch]
@@ -118,7 +129,7 @@ def fly_rejection_sample(
             target = target_logits[start:end].argmax(-1)
             match = draft == target
         else:
-            probs = target_logits[start:end].float().softmax(-1)
+            probs = _target_probs(target_logits[start:end], raw[start:end])
             q = draft_probs[start:end].float() if draft_probs is not None else None
             gen = generators.get(i)
             u = uniform_probs[start:end] if uniform_probs is not None else None
@@ -197,7 +208,8 @@ def fly_rejection_sample_v2(
         else:
             gen = _request_generator(seeds[state], int(pos[lo]), device)
             generators[r] = gen
-            bonus.append(torch.multinomial(last.float().softmax(-1), 1, generator=gen))
+            probs = _target_probs(last.view(1, -1), raw_logits[lo + k].view(1, -1))[0]
+            bonus.append(torch.multinomial(probs, 1, generator=gen))
             if draft_logits is not None and k:
                 q_rows.append((draft_logits[state, :k].float() / temp).softmax(-1))
         if draft_logits is not None and k and is_greedy:  # greedy rows never read q; keep the layout whole
