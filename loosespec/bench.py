@@ -367,7 +367,7 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
     from tqdm.auto import tqdm
 
-    from .vllm.runner import VllmServer, vllm_generate
+    from .vllm.runner import VllmServer, speculative_tokens, vllm_generate
 
     if not problems:
         return
@@ -376,7 +376,8 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     s = settings
     kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
               top_k=s["top_k"])
-    server_info = {"dtype": vllm.dtype, "num_speculative_tokens": vllm.num_speculative_tokens,
+    server_info = {"dtype": vllm.dtype,
+                   "num_speculative_tokens": None if method == "vllm-ar" else speculative_tokens(method, vllm),
                    "fly": method.startswith("vllm-fly"), "concurrency": vllm.concurrency}
 
     def finish(problem, text, token_ids, wall, stats, request):

@@ -276,8 +276,9 @@ def bench(
     sg_tau: Optional[float] = typer.Option(None, help="SpecGuard (LOSSY): threshold tau (default: the library's)."),
     data_dir: Optional[Path] = typer.Option(None, help="Evaluation sets (default: $LOOSESPEC_DATA or shared/data)."),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
-    vllm_num_speculative_tokens: int = typer.Option(5, help="vllm-* methods: speculative_config's "
-                                                    "num_speculative_tokens."),
+    vllm_num_speculative_tokens: Optional[int] = typer.Option(
+        None, help="vllm-* methods: speculative_config's num_speculative_tokens (default: 5; FLy's K, 15, for "
+        "vllm-fly*: FLy defers a mismatch only if its window fits in the draft)."),
     vllm_concurrency: int = typer.Option(1, help="vllm-* methods: requests in flight (1: batch of one; N: blocks "
                                          "of N concurrent requests, throughput in the summary)."),
     vllm_max_num_batched_tokens: Optional[int] = typer.Option(
@@ -300,6 +301,8 @@ def bench(
     method_list = B.parse_methods(methods)
     if vllm_concurrency < 1:
         raise LoosespecError(f"--vllm-concurrency must be >= 1, got {vllm_concurrency}")
+    if vllm_num_speculative_tokens is not None and vllm_num_speculative_tokens < 1:
+        raise LoosespecError(f"--vllm-num-speculative-tokens must be >= 1, got {vllm_num_speculative_tokens}")
     if vllm_max_num_batched_tokens is not None and vllm_max_num_batched_tokens < 1:
         raise LoosespecError(f"--vllm-max-num-batched-tokens must be >= 1, got {vllm_max_num_batched_tokens}")
     draft_spec = resolve_draft(draft, target)
@@ -504,7 +507,8 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
 
     if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
         drafter = "model" if draft_spec is not None else "ngram"
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or 5, has_draft_model=draft_spec is not None,
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or (None if method == "fly" else 5),
+                              has_draft_model=draft_spec is not None,
                               fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
                               fly_entropy_top_k=fly_entropy_top_k)
     vm = method_for(cfg.method, cfg.drafter)

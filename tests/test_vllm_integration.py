@@ -34,7 +34,7 @@ def setup(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(target)
     prompts = [[int(i) for i in encode_prompt(tok, p)] for p in PROMPTS]
     log = Path(os.environ.get("LOOSESPEC_VLLM_TEST_LOG", tmp_path_factory.mktemp("vllm") / "vllm.log"))
-    return VllmSettings(target=target, draft=draft, num_speculative_tokens=5, max_num_batched_tokens=256), prompts, log
+    return VllmSettings(target=target, draft=draft, num_speculative_tokens=15, max_num_batched_tokens=256), prompts, log
 
 
 def run(method, settings, prompts, log):

@@ -28,11 +28,16 @@ def fake_bin(tmp_path):
 
 
 def test_server_commands_per_method():
-    s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=4)
+    s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=8)
     assert speculative_config("vllm-ar", s) is None
     assert speculative_config("vllm-ngram", s)["method"] == "ngram"
     assert speculative_config("vllm-fly", s) == {"method": "draft_model", "model": "/m/draft",
-                                                 "num_speculative_tokens": 4}
+                                                 "num_speculative_tokens": 8}
+    default = VllmSettings(target="/m/target", draft="/m/draft")
+    assert speculative_config("vllm-draft", default)["num_speculative_tokens"] == 5
+    assert speculative_config("vllm-fly", default)["num_speculative_tokens"] == 15  # FLy's K
+    with pytest.raises(LoosespecError, match="never defers"):  # window 6 cannot fit in 5 drafts: FLy == exact
+        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))
     argv, env = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/vllm"), 8000)
     assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
     argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
@@ -71,7 +76,7 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     fly = by[("p1", "vllm-fly")]
     assert fly["lossy"] and fly["output"].startswith("rule=fly") and fly["token_ids"] == list(range(20, 12, -1))
     assert by[("p1", "vllm-draft")]["output"].startswith("rule=standard")
-    assert fly["drafted_tokens"] == 2 * 5 and fly["accepted_tokens"] == 8 - 2 and fly["rounds"] == 2
+    assert fly["drafted_tokens"] == 2 * 15 and fly["accepted_tokens"] == 8 - 2 and fly["rounds"] == 2
     assert by[("p1", "vllm-ar")]["rounds"] == 8 and by[("p1", "vllm-ar")]["drafted_tokens"] == 0
     summary = B.summarize(rows)
     assert summary["methods"]["vllm-fly"]["baseline"] == "vllm-ar"
@@ -131,7 +136,10 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
     assert p.returncode == 0, p.stderr
     argv = (tmp_path / "argv").read_text()
     assert f"serve {tiny}" in argv and "--port 8765" in argv and '"method": "ngram"' in argv
+    assert '"num_speculative_tokens": 15' in argv  # FLy's K by default: its window must fit in the draft
     assert (tmp_path / "env").read_text().split() == ["fly", "4"]
     assert "vllm-fly-ngram (LOSSY)" in p.stderr
     p = subprocess.run(cmd[:-6] + ["--method", "specguard"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
+    p = subprocess.run(cmd + ["--num-draft-tokens", "4"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr

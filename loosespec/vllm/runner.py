@@ -54,7 +54,7 @@ class VllmSettings:
     target: str  # HF directory of the target (the embedded models' converted safetensors)
     draft: str | None
     dtype: str = "bfloat16"
-    num_speculative_tokens: int = 5
+    num_speculative_tokens: int | None = None  # None: 5, or FLy's K (15) for vllm-fly*: see speculative_tokens
     max_model_len: int = 4096
     vllm_bin: str = DEFAULT_VLLM
     fly_window_size: int = 6
@@ -66,10 +66,27 @@ class VllmSettings:
     max_num_batched_tokens: int | None = None
 
 
+DEFAULT_SPECULATIVE_TOKENS = 5  # vLLM's draft_model / ngram: what the issue measured best on this CPU
+
+
+def speculative_tokens(method: str, s: VllmSettings) -> int:
+    """k for ``method``: the one asked for, else 5, else FLy's K for FLy. FLy's boundary rule defers a
+    mismatch at draft position j only if its window fits, j <= k - W - 1, so with k <= W FLy can never
+    loosen anything and is refused rather than silently run as exact verification."""
+    from ..config import FLY_NUM_DRAFT_TOKENS
+
+    fly = method.startswith("vllm-fly")
+    k = s.num_speculative_tokens or (FLY_NUM_DRAFT_TOKENS if fly else DEFAULT_SPECULATIVE_TOKENS)
+    if fly and k < s.fly_window_size + 1:
+        raise LoosespecError(f"FLy with num_speculative_tokens={k} never defers a mismatch: its window "
+                             f"(fly_window_size={s.fly_window_size}) must fit in the draft, k >= {s.fly_window_size + 1}")
+    return k
+
+
 def speculative_config(method: str, s: VllmSettings) -> dict | None:
     if method == "vllm-ar":
         return None
-    k = s.num_speculative_tokens
+    k = speculative_tokens(method, s)
     if method in ("vllm-ngram", "vllm-fly-ngram"):
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     if method in ("vllm-draft", "vllm-fly"):
