@@ -507,8 +507,7 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
 
     if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
         drafter = "model" if draft_spec is not None else "ngram"
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens or (None if method == "fly" else 5),
-                              has_draft_model=draft_spec is not None,
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
                               fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
                               fly_entropy_top_k=fly_entropy_top_k)
     vm = method_for(cfg.method, cfg.drafter)
@@ -518,7 +517,7 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
     if not os.path.exists(exe):
         raise LoosespecError(f"vLLM not found at {exe}: run `make vllm` or pass --vllm-bin")
     settings = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path) if vm in (
-        "vllm-draft", "vllm-fly") else None, dtype=dtype, num_speculative_tokens=cfg.num_draft_tokens,
+        "vllm-draft", "vllm-fly") else None, dtype=dtype, num_speculative_tokens=num_draft_tokens,  # None: k's default
         vllm_bin=exe, fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
         fly_entropy_top_k=fly_entropy_top_k)
     argv, env = server_command(vm, settings, port, host=host, served_model_name=served_model_name, api_key=api_key)

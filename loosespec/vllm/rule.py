@@ -210,10 +210,9 @@ def fly_rejection_sample_v2(
             generators[r] = gen
             probs = _target_probs(last.view(1, -1), raw_logits[lo + k].view(1, -1))[0]
             bonus.append(torch.multinomial(probs, 1, generator=gen))
-            if draft_logits is not None and k:
-                q_rows.append((draft_logits[state, :k].float() / temp).softmax(-1))
-        if draft_logits is not None and k and is_greedy:  # greedy rows never read q; keep the layout whole
-            q_rows.append(torch.zeros(k, draft_logits.shape[-1], device=device))
+        if draft_logits is not None and k:  # greedy rows never read q: zeros keep the flattened layout whole
+            q_rows.append(torch.zeros(k, draft_logits.shape[-1], device=device) if is_greedy
+                          else (draft_logits[state, :k].float() / temp).softmax(-1))
     rows = torch.cat(keep_rows) if keep_rows else torch.zeros(0, dtype=torch.long, device=device)
     vocab = target_logits.shape[-1]
     q = None
@@ -221,16 +220,10 @@ def fly_rejection_sample_v2(
         q = torch.cat(q_rows) if q_rows else torch.zeros(0, vocab, device=device)
         if q.shape[-1] < vocab:  # a draft vocabulary padded shorter than the target's
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
-    is_greedy_t = torch.tensor(greedy, dtype=torch.bool)
-    uniform = None
-    if not all(greedy):
-        uniform = torch.cat([torch.rand(counts[r], dtype=torch.float64, generator=generators[r], device=device)
-                             if r in generators else torch.zeros(counts[r], dtype=torch.float64, device=device)
-                             for r in range(num_reqs)])
-    out, events = fly_rejection_sample(
+    out, events = fly_rejection_sample(  # sampled requests draw their uniforms from their own generators
         torch.cat(draft_ids) if draft_ids else torch.zeros(0, dtype=torch.long, device=device), counts,
         num_speculative_steps, torch.tensor(counts, dtype=torch.long).cumsum(0), q, target_logits[rows],
-        torch.cat(bonus).view(-1, 1), is_greedy_t, settings, raw_logits=raw_logits[rows], uniform_probs=uniform,
+        torch.cat(bonus).view(-1, 1), torch.tensor(greedy, dtype=torch.bool), settings, raw_logits=raw_logits[rows],
         generators=generators)
     num_sampled = (out >= 0).sum(-1).to(torch.int32)
     return out.long(), num_sampled, events
