@@ -105,6 +105,10 @@ def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
     assert draft[0]["rounds"] == 2 and draft[0]["config"]["server"]["concurrency"] == 2
     s = B.summarize(rows)["methods"]["vllm-draft"]
     assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
+    table = B.format_table(B.summarize(rows)).splitlines()
+    assert "| throughput tok/s |" in table[0] and table[0].count("|") == table[1].count("|") == table[2].count("|")
+    draft_row = next(line for line in table if line.startswith("| vllm-draft |"))
+    assert draft_row.split(" | ")[4] == f"{s['throughput_tokens_per_s']:.2f}"
 
 
 def test_a_server_that_dies_while_starting_is_reported(tmp_path):
