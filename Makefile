@@ -141,8 +141,8 @@ bench-vllm: setup vllm
 	$(BIN)/loosespec bench --dataset humaneval --limit $(VLLM_HE_N) --max-new-tokens 256 \
 		--out $(BENCH_DIR)/vllm/humaneval $(VLLM_ARGS)
 
-# vllm-ar, vllm-draft and vllm-fly (LOSSY) under concurrent load: the first VLLM_LOAD_N GSM8K problems sent in blocks of
-# VLLM_CONCURRENCY requests in flight (256 tokens). The summary adds the server's throughput (all requests'
+# vllm-ar, vllm-draft and vllm-fly (LOSSY) under concurrent load: the first VLLM_LOAD_N GSM8K problems sent
+# in blocks of VLLM_CONCURRENCY requests in flight (256 tokens). The summary adds the server's throughput (all requests'
 # tokens over the time the blocks took); tok/s and speedup stay per request (latency under load). bench
 # also runs the transformers `ar`, one request at a time, as it always does. vllm-ngram is left out: with 8
 # requests in flight on the 2-core CPU vLLM logged 0 to 1.7 generated tokens/s for it in the 3 minutes it ran

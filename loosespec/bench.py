@@ -493,10 +493,13 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
             "ar_right_method_wrong": sum(bool(ar[r["question_id"]]["score"]) and not r["score"] for r in scored),
             "ar_wrong_method_right": sum(not ar[r["question_id"]]["score"] and bool(r["score"]) for r in scored),
         })
-    blocks = {(r["stats"]["block"]["makespan_s"], r["stats"]["block"]["new_tokens"])
-              for r in paired if r.get("stats", {}).get("block")}
+    blocks = {(b["makespan_s"], b["new_tokens"]): b["vllm_counters"]
+              for r in paired if (b := r.get("stats", {}).get("block"))}
     if blocks:  # vLLM under concurrent load: tokens of all requests / time the blocks took
         s["throughput_tokens_per_s"] = round(sum(t for _, t in blocks) / sum(m for m, _ in blocks), 4)
+        drafted_in_blocks = sum(c["draft_tokens"] for c in blocks.values())
+        if s["acceptance_rate"] is None and drafted_in_blocks:  # rows cannot split the counters; blocks can
+            s["acceptance_rate"] = round(sum(c["accepted"] for c in blocks.values()) / drafted_in_blocks, 4)
     steps = [r["stats"].get("steps") for r in paired if r.get("stats", {}).get("steps")]
     if steps:
         s["step_accept_rate"] = round(sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps"))
@@ -540,7 +543,7 @@ def format_table(summary: dict) -> str:
     head = ("| method | n | speedup (95% CI) | tok/s |" + (" throughput tok/s |" if load else "")
             + " mean accepted length | acceptance rate | accuracy (95% CI) "
             "| recovery | ar right, method wrong | ar wrong, method right | identical to ar |")
-    lines = [head, "| --- |" + " ---: |" * (11 if load else 10)]
+    lines = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
     for m, s in summary["methods"].items():
         ci = s.get("speedup_ci95")
         speed = _fmt(s["speedup"]) + "x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")

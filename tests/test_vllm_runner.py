@@ -105,6 +105,9 @@ def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
     assert draft[0]["rounds"] == 2 and draft[0]["config"]["server"]["concurrency"] == 2
     s = B.summarize(rows)["methods"]["vllm-draft"]
     assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
+    blocks = {r["stats"]["block"]["makespan_s"]: r["stats"]["block"]["vllm_counters"] for r in draft}
+    assert len(blocks) == 2 and s["acceptance_rate"] == pytest.approx(
+        sum(c["accepted"] for c in blocks.values()) / sum(c["draft_tokens"] for c in blocks.values()), abs=1e-4)
     table = B.format_table(B.summarize(rows)).splitlines()
     assert "| throughput tok/s |" in table[0] and table[0].count("|") == table[1].count("|") == table[2].count("|")
     draft_row = next(line for line in table if line.startswith("| vllm-draft |"))
