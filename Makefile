@@ -145,7 +145,7 @@ bench-vllm: setup vllm
 # in blocks of VLLM_CONCURRENCY requests in flight (256 tokens). The summary adds the server's throughput (all requests'
 # tokens over the time the blocks took); tok/s and speedup stay per request (latency under load). bench
 # also runs the transformers `ar`, one request at a time, as it always does. vllm-ngram is left out: with 8
-# requests in flight on the 2-core CPU vLLM logged 0 to 1.7 generated tokens/s for it in the 3 minutes it ran
+# requests in flight on the 2-core CPU vLLM logged 0 to 1.7 generated tokens/s for it in the 4 minutes it ran
 # (the set's 2048 tokens would take over 20 minutes at that rate).
 VLLM_LOAD_N ?= 8
 VLLM_CONCURRENCY ?= 8
