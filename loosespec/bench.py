@@ -10,7 +10,8 @@ Methods (``<method>-<drafter>``): ``ar``; ``exact-``, ``rejection-`` and ``fly-`
 ``model`` or ``mla``; ``specguard`` (draft-assisted, exact), ``specguard-regenerate`` and
 ``specguard-fly``; the peers ``hf-ar`` (``generate()``), ``hf-pld``
 (``generate(prompt_lookup_num_tokens=10)``) and ``hf-assist`` (``generate(assistant_model=draft)``,
-transformers' defaults); ``vllm-ar``, ``vllm-ngram``, ``vllm-draft``, ``vllm-fly`` and
+transformers' defaults, in the same precision as loosespec's methods); ``llamacpp-ar`` and
+``llamacpp-pld`` (llama.cpp on the target's GGUF file, :mod:`loosespec.peers`); ``vllm-ar``, ``vllm-ngram``, ``vllm-draft``, ``vllm-fly`` and
 ``vllm-fly-ngram`` served by vLLM with the loosespec plugin (:mod:`loosespec.vllm.runner`; one
 ``vllm serve`` per method, its prompts in a block, measured against ``vllm-ar``). ``fly-*``,
 ``vllm-fly*`` and ``specguard*`` are LOSSY and marked so in every result.
@@ -67,10 +68,11 @@ WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a l
 
 
 def all_method_names() -> list[str]:
+    from .peers import LLAMACPP_METHODS
     from .vllm.runner import VLLM_METHODS
 
     names = ["ar"] + [f"{m}-{d}" for m in LOOSESPEC_METHODS for d in DRAFTERS]
-    return names + list(SPECGUARD_PRESETS) + list(HF_GENERATION_KWARGS) + list(VLLM_METHODS)
+    return names + list(SPECGUARD_PRESETS) + list(HF_GENERATION_KWARGS) + list(LLAMACPP_METHODS) + list(VLLM_METHODS)
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
@@ -102,12 +104,13 @@ def baseline_of(method: str, methods: Sequence[str]) -> str:
 
 
 def method_config(method: str, *, max_new_tokens: int, temperature: float, seed: int, has_draft: bool,
-                  sg_tau: float | None = None, top_p: float = 1.0, top_k: int = 0) -> DecodeConfig | None:
-    """The DecodeConfig of a loosespec method (None for the transformers and vLLM peers)."""
-    if method in HF_GENERATION_KWARGS or method.startswith("vllm-"):
+                  sg_tau: float | None = None, top_p: float = 1.0, top_k: int = 0,
+                  adaptive_draft_length: bool = True) -> DecodeConfig | None:
+    """The DecodeConfig of a loosespec method (None for the transformers, llama.cpp and vLLM peers)."""
+    if method in HF_GENERATION_KWARGS or method.startswith(("vllm-", "llamacpp-")):
         return None
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
-                  has_draft_model=has_draft)
+                  has_draft_model=has_draft, adaptive_draft_length=adaptive_draft_length)
     if method in SPECGUARD_PRESETS:
         tau = {} if sg_tau is None else {"sg_tau": sg_tau}
         return DecodeConfig.create("specguard", None, **common, **SPECGUARD_PRESETS[method], **tau)
@@ -170,11 +173,15 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
+# keys that directories written before they existed lack, and the value those runs had
+LEGACY_CONFIG = {"adaptive_draft_length": False}
+
+
 def check_config(out: Path, config: dict) -> None:
     """Write ``DIR/config.json`` on the first run; later runs must match it key for key."""
     path = out / CONFIG
     if path.exists():
-        old = json.loads(path.read_text())
+        old = {**LEGACY_CONFIG, **json.loads(path.read_text())}
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
         if diff:
             lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)
@@ -258,13 +265,33 @@ def loosespec_generate(engine, cfg: DecodeConfig, ids) -> Outcome:
     return Outcome(r.text, r.token_ids, r.stats.wall_s, list(r.stats.round_lengths), r.stats.to_dict(), cfg.to_dict())
 
 
+def llamacpp_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: float) -> Outcome:
+    """llama.cpp on the target's GGUF file, greedy, same prompt ids, budget and end tokens."""
+    import torch
+
+    from .peers import LlamaCppPeer
+
+    if temperature != 0:
+        raise LoosespecError("llamacpp-* methods run greedy only here (--temperature 0)")
+    peer = getattr(engine, "_llamacpp", None)
+    if peer is None:
+        peer = engine._llamacpp = LlamaCppPeer(engine.target.name, torch.get_num_threads())
+    new, wall = peer.generate(method, ids.tolist(), max_new_tokens, engine.stop_ids)
+    text = engine.tokenizer.decode(new, skip_special_tokens=True)
+    cfg = {"method": method, "gguf": str(peer.path), "threads": peer.threads}
+    return Outcome(text, new, wall, [], {"new_tokens": len(new)}, cfg)
+
+
 def run_method(engine, method: str, ids, settings: dict) -> Outcome:
     s = settings
+    if method.startswith("llamacpp-"):
+        return llamacpp_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"])
     if method in HF_GENERATION_KWARGS:
         return hf_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
                            seed=s["seed"], top_p=s["top_p"], top_k=s["top_k"])
     cfg = method_config(method, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"],
-                        top_p=s["top_p"], top_k=s["top_k"], has_draft=engine.draft is not None, sg_tau=s["sg_tau"])
+                        top_p=s["top_p"], top_k=s["top_k"], has_draft=engine.draft is not None, sg_tau=s["sg_tau"],
+                        adaptive_draft_length=s.get("adaptive_draft_length", True))
     return loosespec_generate(engine, cfg, ids)
 
 
@@ -280,12 +307,21 @@ def result_row(problem, dataset: str, method: str, outcome: Outcome, score: bool
         "wall_time": round(outcome.wall_s, 4), "rounds": rounds, "accept_lengths": outcome.round_lengths,
         "mean_accepted_length": round(new / rounds, 4) if rounds else None,
         "drafted_tokens": st.get("drafted_tokens"), "accepted_tokens": st.get("accepted_tokens"),
-        "stats": st, "score": score,
+        "stats": st, "score": score, "hardware": hardware(),
         "answer": problem.answer if problem.answer is not None and len(problem.answer) <= 200 else None,
         "choices": [{"index": 0, "turns": [outcome.text], "decoding_steps": [rounds], "new_tokens": [new],
                      "wall_time": [round(outcome.wall_s, 4)], "accept_lengths": outcome.round_lengths}],
         "tstamp": time.time(),
     }
+
+
+def hardware() -> dict:
+    """What a timing ran on (CPU model and flags of note, GPU), recorded with every result."""
+    import torch
+
+    from .hardware import describe_device
+
+    return describe_device(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
 
 
 SPEC_BENCH_KEYS = ("question_id", "category", "model_id", "choices", "tstamp")
@@ -663,7 +699,7 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
 
 def run_config(*, target: str, draft: str | None, dtype: str, device: str, dataset: str, options: dict,
                max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
-               sg_tau: float | None, scorer: str) -> dict:
+               sg_tau: float | None, scorer: str, adaptive_draft_length: bool = True) -> dict:
     """What the numbers in a results directory depend on (compared on every resume)."""
     import torch
     import transformers
@@ -673,5 +709,6 @@ def run_config(*, target: str, draft: str | None, dtype: str, device: str, datas
     return {"target": target, "draft": draft, "dtype": dtype, "device": device, "dataset": dataset,
             "dataset_options": options, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "top_p": top_p, "top_k": top_k, "seed": seed, "sg_tau": sg_tau, "scorer": scorer,
+            "adaptive_draft_length": adaptive_draft_length,
             "loosespec": __version__, "torch": torch.__version__.split("+")[0],
             "transformers": transformers.__version__, "machine": platform.machine()}

@@ -34,6 +34,16 @@ _DRAFTER_HELP = "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
 )
 
 
+_DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere) and on CPUs "
+               "with amx_bf16/avx512_bf16; on other x86 CPUs float32 with int8 Linear layers (see --quantize)")
+_QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
+                  "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
+                  "bfloat16 arithmetic on the CPU")
+_ADAPTIVE_HELP = ("Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
+                  "the running acceptance say it pays (never slower than ar by its estimate). "
+                  "--fixed-draft-length drafts K every round (paper-faithful).")
+
+
 def _default(name: str):
     """The DecodeConfig default, so the CLI and the library cannot disagree."""
     return DecodeConfig.__dataclass_fields__[name].default
@@ -75,7 +85,11 @@ def _summary(label: str, s: dict) -> str:
     line = (f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
             f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
             f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
-            f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s")
+            f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s"
+            + (f", {s['precision']}" if s.get("precision") else ""))
+    hist = s.get("draft_length_histogram")
+    if hist and len(hist) > 1:  # the cost-aware draft length varied: say how
+        line += ", draft length k:rounds " + " ".join(f"{k}:{v}" for k, v in hist.items())
     if "draft_units_drafted" in s:  # drafting across tokenizers: say which units are which
         line += (f"; across tokenizers: drafted {s['drafted_tokens']} and accepted {s['accepted_tokens']} in target "
                  f"tokens ({s['draft_units_drafted']} draft-model tokens proposed)")
@@ -94,13 +108,17 @@ def generate(
                               f"for the default target, none for other targets."),
     method: str = typer.Option("exact", help=_METHOD_HELP),
     drafter: Optional[str] = typer.Option(None, help=_DRAFTER_HELP),
-    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per round (K)."),
+    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per round (K; the most with the "
+                                                   "cost-aware draft length)."),
+    adaptive_draft_length: bool = typer.Option(_default("adaptive_draft_length"),
+                                               "--adaptive-draft-length/--fixed-draft-length", help=_ADAPTIVE_HELP),
     max_new_tokens: int = typer.Option(_default("max_new_tokens"), help="Stop after this many new tokens."),
     temperature: float = typer.Option(_default("temperature"), help="0 = greedy."),
     top_p: float = typer.Option(_default("top_p")),
     top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
     seed: int = typer.Option(_default("seed")),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
     fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats; 0 disables "
@@ -144,12 +162,16 @@ def generate(
     cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
+                              adaptive_draft_length=adaptive_draft_length,
                               fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
                               fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,
                               sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter),
                               sg_embedder=sg_embedder, sg_on_reject=sg_on_reject, sg_verify=sg_verify,
                               sg_max_step_tokens=sg_max_step_tokens)
-    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out)
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize)
+    if not json_out:
+        p = engine.target.precision
+        print(f"loosespec: precision {p.name} ({p.reason})", file=sys.stderr)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -179,8 +201,9 @@ def generate(
                 at = next((i for i, (a, b) in enumerate(zip(ar.token_ids, result.token_ids)) if a != b),
                           min(len(ar.token_ids), len(result.token_ids)))
                 why = ("the method is lossy" if cfg.lossy else
-                       f"in {dtype} a forward over several tokens rounds differently from a 1-token forward "
-                       "and can flip a near-tie; --dtype float32 makes lossless methods match exactly")
+                       f"in {engine.precision} a forward over several tokens rounds differently from a 1-token "
+                       "forward and can flip a near-tie; int8 (--quantize int8) and float32 keep lossless methods "
+                       "equal to ar")
                 print(f"first difference at new token {at}: {why}", file=sys.stderr)
     if json_out:
         print(json.dumps(out))
@@ -203,7 +226,8 @@ def calibrate(
     sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1]),
     sg_embedder: str = typer.Option(_default("sg_embedder")),
     seed: int = typer.Option(_default("seed")),
-    dtype: str = typer.Option("bfloat16"),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto"),
     data_dir: Optional[Path] = typer.Option(None, help="Folder with the evaluation sets (default: $LOOSESPEC_DATA or "
                                             "shared/data beside the checkout)."),
@@ -229,7 +253,7 @@ def calibrate(
                               sg_delimiter=_unescape(sg_delimiter), sg_embedder=sg_embedder)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-    engine = Engine.load(target, draft, dtype=dtype, device=device)
+    engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
     report = calibrate_specguard(engine, problems, cfg, accept_rate)
     report["command"] = " ".join(["loosespec"] + sys.argv[1:])
     if out is not None:
@@ -266,7 +290,8 @@ def bench(
     top_p: float = typer.Option(1.0),
     top_k: int = typer.Option(0),
     seed: int = typer.Option(0),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     lang: Optional[str] = typer.Option(None, help="mgsm: language code(s), comma-separated (e.g. en,de)."),
     category: Optional[str] = typer.Option(None, help="specbench: one task type (mt_bench, translation, "
@@ -284,6 +309,8 @@ def bench(
     vllm_max_num_batched_tokens: Optional[int] = typer.Option(
         None, help="vllm-* methods: vLLM's --max-num-batched-tokens (default: vLLM's). vLLM profiles a forward of "
         "this many tokens at every start: small values start much faster on a CPU."),
+    adaptive_draft_length: bool = typer.Option(True, "--adaptive-draft-length/--fixed-draft-length",
+                                               help=_ADAPTIVE_HELP),
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
 
@@ -313,7 +340,8 @@ def bench(
     # the config names the draft whether or not these methods load it, so that a later run adding
     # draft-model methods to the same directory matches
     load_draft = draft_spec if missing else None
-    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+    settings = {"adaptive_draft_length": adaptive_draft_length,
+                "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "seed": seed, "sg_tau": sg_tau}
     for m in method_list:  # fail on bad settings before loading anything
         B.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
@@ -325,7 +353,11 @@ def bench(
     from .models import pick_device
 
     resolved = str(pick_device(device))
-    config = B.run_config(target=target, draft=draft_spec, dtype=dtype, device=resolved, dataset=dataset,
+    from .hardware import resolve_precision
+
+    precision = resolve_precision(dtype, quantize, pick_device(device))
+    config = B.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
+                          adaptive_draft_length=adaptive_draft_length,
                           options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
@@ -339,7 +371,7 @@ def bench(
         from .engine import Engine
         from .text import encode_prompt
 
-        engine = Engine.load(target, load_draft, dtype=dtype, device=resolved)
+        engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
@@ -364,7 +396,7 @@ def bench(
     else:
         print(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / B.RESULTS}", file=sys.stderr)
     summary, table = B.report(out, method_list, config, draw=plots)
-    print(f"\n{dataset}: {target} <- {draft_spec}, {dtype}, {resolved}, {max_new_tokens} new tokens, "
+    print(f"\n{dataset}: {target} <- {draft_spec}, {precision.name}, {resolved}, {max_new_tokens} new tokens, "
           f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n")
     print(table)
     print(f"\nsummary: {out / B.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
@@ -411,7 +443,8 @@ def serve(
     top_p: float = typer.Option(_default("top_p")),
     top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
     seed: int = typer.Option(_default("seed")),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
     fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats."),
@@ -486,7 +519,7 @@ def serve(
     if draft_spec is None and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
         raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
                              "pass --draft")
-    engine = Engine.load(target, draft_spec, dtype=dtype, device=device)
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, quantize=quantize)
     name = served_model_name or target
     settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
                               max_queue=max_queue, max_tokens_default=max_tokens_default)
@@ -546,6 +579,40 @@ def models_pull(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDD
 
     for n in (list(EMBEDDED) if name == "all" else [name]):
         print(pull(n, progress=True))
+
+
+@models_app.command("cost")
+def models_cost(
+    name: str = typer.Argument(..., help="Model: embedded name, HF id, local dir or .gguf file."),
+    max_n: int = typer.Option(16, help="Measure forwards over 1..MAX_N new tokens (K + 1 for a draft length K)."),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again even if this machine's curve is cached."),
+    json_out: bool = typer.Option(False, "--json", help="Print the curve as JSON."),
+):
+    """Cost of one forward over n new tokens, c(n), as the cost-aware draft length uses it.
+
+    Measured once per model, precision, device and CPU (a few seconds, after 128 cached tokens)
+    and cached in $LOOSESPEC_CACHE/costs. Speculation pays where c(k+1)/c(1) stays small.
+    """
+    from .cost import cost_curve, format_curve
+    from .kv import CachedLM
+    from .models import load
+
+    if max_n < 1:
+        raise LoosespecError(f"--max-n must be >= 1, got {max_n}")
+    loaded = load(name, dtype, device, progress=not json_out, quantize=quantize)
+    curve = cost_curve(loaded, CachedLM(loaded.model), max_n, refresh=refresh,
+                       progress=None if json_out else (lambda m: print(m, file=sys.stderr)))
+    if json_out:
+        print(json.dumps(curve.to_dict()))
+        return
+    meta = curve.meta
+    print(f"{name}: {meta.get('precision')} on {meta.get('device')} ({meta.get('cpu')}; "
+          f"{' '.join(meta.get('cpu_flags', [])) or 'no flags of note'}; {meta.get('threads')} threads), "
+          f"measured {meta.get('measured', '?')}, after {meta.get('context', '?')} cached tokens")
+    print(format_curve(curve, [n for n in curve.ns if n <= max_n]))
 
 
 def main() -> None:

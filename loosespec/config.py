@@ -68,6 +68,9 @@ class DecodeConfig:
     prompt_lookup_min: int = 1
     mla_lookup_tokens: int = 6  # MLA: n-gram candidates per draft-model forward (FLy's M)
     draft_confidence_threshold: float = 0.3  # model drafter, greedy: stop drafting below this top prob
+    # cost-aware draft length (loosespec.draftlen): each round drafts 0..K tokens, as far as it pays;
+    # False drafts K every round (paper-faithful runs)
+    adaptive_draft_length: bool = True
     # FLy (method "fly"); names as in the vLLM FLy port
     fly_window_size: int = 6  # W, counting the mismatch itself (the official code's meaning)
     fly_entropy_threshold: float = 0.3  # theta; 0 disables the gate, > ln(top_k) closes it

@@ -7,6 +7,7 @@ What varies is passed in: the drafter (who proposes) and the rule (who decides).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +68,9 @@ class FlyRule:
         self.sampling = sampling
         self.generator = generator
         self.variant = "greedy" if sampling.greedy else cfg.fly_sampling
+        # the boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
         self.knobs = {"theta": cfg.fly_entropy_threshold, "window_size": cfg.fly_window_size,
-                      "top_k": cfg.fly_entropy_top_k}
+                      "top_k": cfg.fly_entropy_top_k, "num_draft_tokens": cfg.num_draft_tokens}
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
         if self.variant == "greedy":
@@ -106,14 +108,19 @@ def decode(
     """Yield committed token chunks until an end token or ``max_new_tokens``."""
     seq = prompt_ids
     produced = 0
+    target.prefill(seq[:-1])  # the prompt in a forward of its own, the same for every method (loosespec.quant)
     while produced < max_new_tokens:
         # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
         k = min(num_draft_tokens, max_new_tokens - produced - 1)
         draft = drafter.propose(seq, k) if drafter is not None and k > 0 else EMPTY_DRAFT
+        if drafter is not None:
+            stats.record_draft_length(getattr(drafter, "last_choice", k) if k > 0 else 0)
         # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
         logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
         # 3. rule: accepted prefix + one correction-or-bonus token
         verdict = rule(draft, logits)
+        if hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware draft length)
+            drafter.feedback(len(draft), verdict.num_accepted)
         # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
         tokens = verdict.tokens.tolist()
         end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
@@ -166,7 +173,7 @@ class Generation:
         self.prompt_ids = prompt_ids
         self.cfg = cfg
         self.config = config_dict
-        self.stats = Stats(prompt_tokens=int(prompt_ids.shape[0]))
+        self.stats = Stats(prompt_tokens=int(prompt_ids.shape[0]), precision=engine.precision)
         self.assembler = TextAssembler(engine.tokenizer, cfg.stop)
         self.finish_reason = "length"
         self._iter = self._run()
@@ -248,14 +255,36 @@ class Engine:
         self.stop_ids = end_token_ids(target.model, target.tokenizer)
         self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
         self._embedders: dict = {}
+        self._costs: dict = {}
+        self.progress = False
         self._intersection: VocabIntersection | None = None
 
     @classmethod
-    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "bfloat16",
-             device: str = "auto", progress: bool = True) -> "Engine":
-        t = load(target, dtype, device, progress)
-        d = load(draft, dtype, str(t.model.device), progress) if draft not in (None, "none") else None
-        return cls(t, d)
+    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
+             device: str = "auto", progress: bool = True, quantize: str = "auto") -> "Engine":
+        """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
+        (:func:`loosespec.hardware.resolve_precision`); the draft gets the same."""
+        t = load(target, dtype, device, progress, quantize)
+        d = load(draft, dtype, str(t.model.device), progress, quantize) if draft not in (None, "none") else None
+        e = cls(t, d)
+        e.progress = progress
+        return e
+
+    @property
+    def precision(self) -> str:
+        p = self.target.precision
+        return p.name if p is not None else str(next(self.target.model.parameters()).dtype).replace("torch.", "")
+
+    def cost_curve(self, role: str, max_n: int):
+        """The measured cost curve of the target or the draft (``role``), cached per machine."""
+        from .cost import cost_curve
+
+        loaded, lm = (self.target, self.target_lm) if role == "target" else (self.draft, self.draft_lm)
+        key = (role, max_n)
+        if key not in self._costs:
+            say = (lambda m: print(m, file=sys.stderr)) if getattr(self, "progress", False) else None
+            self._costs[key] = cost_curve(loaded, lm, max_n, progress=say)
+        return self._costs[key]
 
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -300,12 +329,27 @@ class Engine:
             drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
         elif self.bridge is not None and cfg.drafter in ("model", "mla"):
             drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
+        if drafter is not None and cfg.adaptive_draft_length:
+            drafter = self._cost_aware(drafter, cfg)
         if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
                                    and cfg.sg_verify == "fly"):
             rule = FlyRule(cfg, sampling, generator)
         else:
             rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
         return drafter, rule, generator
+
+    def _cost_aware(self, drafter, cfg: DecodeConfig):
+        """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""
+        from .draftlen import CostAwareDrafter, DraftLengthPolicy
+
+        target_cost = self.cost_curve("target", cfg.num_draft_tokens + 1)
+        self.target_lm.cost = target_cost
+        draft_lm, token_cost = None, 0.0
+        if cfg.drafter in ("model", "mla"):
+            draft_lm = self.draft_lm
+            draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
+            token_cost = draft_lm.cost(1)  # one forward per token until the first rounds say otherwise
+        return CostAwareDrafter(drafter, DraftLengthPolicy(target_cost, token_cost, cfg.num_draft_tokens), draft_lm)
 
     def _draft_side_stops(self) -> frozenset[int]:
         """End tokens in the ids the draft model works in (its own across tokenizers)."""
@@ -339,8 +383,14 @@ class Engine:
             return {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
                     "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
 
+        from .hardware import describe_device
+
+        def precision(m: LoadedModel | None):
+            return m.precision.to_dict() if m is not None and m.precision is not None else None
+
         return {**cfg.to_dict(), "target": model_info(self.target), "draft": model_info(self.draft),
-                "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
+                "precision": precision(self.target), "draft_precision": precision(self.draft),
+                "hardware": describe_device(self.device), "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
                 "transformers": transformers.__version__}
 
     def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:

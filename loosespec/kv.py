@@ -37,6 +37,8 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
+        self.cost = None  # a loosespec.cost.CostCurve: when set, every forward adds its modelled seconds
+        self.modelled_s = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -44,6 +46,11 @@ class CachedLM:
 
         self.cache = DynamicCache(config=self.model.config)
         self.ids = torch.empty(0, dtype=torch.long)  # [cache length] on the CPU
+
+    def prefill(self, seq: torch.Tensor) -> None:
+        """Make the cache hold ``seq`` (one forward over what it lacks; nothing when it holds it)."""
+        if seq.shape[0] and common_prefix_len(self.ids, seq) < seq.shape[0]:
+            self.forward(seq, rows=1)
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, rows: int) -> torch.Tensor:
@@ -78,4 +85,6 @@ class CachedLM:
             raise
         self.ids = seq
         self.forwards += 1
+        if self.cost is not None:
+            self.modelled_s += self.cost(new.shape[1])
         return out

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .errors import LoosespecError
+from .hardware import Precision, resolve_precision
 
 CONVERTED_DTYPE = torch.float32  # dequantized weights are stored exactly, cast at load time
 
@@ -344,6 +345,7 @@ class LoadedModel:
     source: ModelSource
     model: torch.nn.Module
     tokenizer: object
+    precision: Precision | None = None  # None: loaded by older code paths, read the dtype off the weights
 
     @property
     def name(self) -> str:
@@ -369,22 +371,27 @@ def pick_device(device: str) -> torch.device:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def load(spec: str, dtype: str = "bfloat16", device: str = "auto", progress: bool = True) -> LoadedModel:
-    """Load a causal LM and its tokenizer from any spec ``resolve`` accepts, in eval mode."""
+def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = True,
+         quantize: str = "auto") -> LoadedModel:
+    """Load a causal LM and its tokenizer from any spec ``resolve`` accepts, in eval mode.
+
+    ``dtype``/``quantize``: ``auto`` picks the precision from the hardware
+    (:func:`loosespec.hardware.resolve_precision`); ``quantize="int8"`` replaces the Linear layers by
+    per-token int8 ones (:mod:`loosespec.quant`), cached after the first load.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if dtype not in DTYPES:
-        raise LoosespecError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
-    src = resolve(spec, progress)
     dev = pick_device(device)
+    precision = resolve_precision(dtype, quantize, dev)
+    src = resolve(spec, progress)
     kw = {}
     if src.kind == "hub":
         kw = {"local_files_only": _hub_unreachable(spec)}
     hf_logging.disable_progress_bar()  # safetensors load in seconds; per-tensor bars are noise
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.path, **kw)
-        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=DTYPES[dtype], **kw)
+        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=precision.torch_dtype, **kw)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         known = ", ".join(EMBEDDED)
@@ -397,7 +404,18 @@ def load(spec: str, dtype: str = "bfloat16", device: str = "auto", progress: boo
     model.to(dev).eval()
     if src.kind == "hub":
         src = ModelSource(src.spec, src.kind, src.path, getattr(model.config, "_commit_hash", None) or "")
-    return LoadedModel(src, model, tokenizer)
+    if precision.quantize == "int8":
+        from .quant import cache_file, quantize_model
+
+        key = f"{src.kind}|{src.path}|{src.revision}"
+        if src.kind == "local":  # a directory can change under the same path: its weight files are the key
+            key += "|" + ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+                                  for f in sorted(Path(src.path).glob("*")) if f.suffix in (".safetensors", ".bin"))
+        cache = cache_file(cache_root() / "int8", key)
+        if progress and cache is not None and not cache.exists():
+            print(f"quantizing {spec} to int8 (once; cached) ...", file=sys.stderr)
+        quantize_model(model, cache)
+    return LoadedModel(src, model, tokenizer, precision)
 
 
 def same_tokenizer(a, b) -> bool:

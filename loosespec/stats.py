@@ -16,6 +16,9 @@
 - across tokenizers (:mod:`loosespec.bridge`): ``drafted_tokens`` and ``accepted_tokens`` count
   the target's tokens (what it verified and kept) and ``draft_units_drafted`` the draft model's
   own tokens before re-encoding.
+- ``draft_length_histogram``: how many rounds drafted up to k tokens, k as the cost-aware draft
+  length chose it (:mod:`loosespec.draftlen`; 0 = a plain target step), or the fixed K.
+- ``precision``: the precision the target ran in (``int8``, ``bfloat16``, ...), set by the engine.
 - ``round_lengths``: tokens emitted by each round (Spec-Bench's ``accept_lengths``), kept on the
   object for histograms, left out of ``to_dict``.
 """
@@ -43,6 +46,8 @@ class Stats:
     steps: list[dict] = field(default_factory=list)  # SpecGuard: one record per step
     candidates_drafted: int = 0
     round_lengths: list[int] = field(default_factory=list)  # tokens emitted by each round, in order
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # chosen draft length -> rounds
+    precision: str | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int, events: Mapping[str, int] | None = None) -> None:
         self.rounds += 1
@@ -60,6 +65,9 @@ class Stats:
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def record_draft_length(self, k: int) -> None:
+        self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
 
     def record_step(self, record: dict, candidates: int) -> None:
         """A SpecGuard step: ``record`` has grounding, confidence, score, accepted, agrees, tokens."""
@@ -113,6 +121,9 @@ class Stats:
             "wall_s": round(self.wall_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            **({"draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())}}
+               if self.draft_lengths else {}),
+            **({"precision": self.precision} if self.precision else {}),
             **self.events,
             **self.step_summary(),
         }

@@ -13,7 +13,7 @@ CLOSED = math.log(3) + 0.01  # above the largest top-3 entropy: no mismatch is e
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "mla"])
 def test_closed_gate_equals_exact_tiny(tiny_engine, drafter):
-    kw = dict(max_new_tokens=60, num_draft_tokens=15, has_draft_model=True)
+    kw = dict(max_new_tokens=60, num_draft_tokens=15, has_draft_model=True, adaptive_draft_length=False)
     exact = tiny_engine.generate(PROMPT, DecodeConfig.create("exact", drafter, **kw), raw=True)
     fly = tiny_engine.generate(PROMPT, DecodeConfig.create("fly", drafter, fly_entropy_threshold=CLOSED, **kw), raw=True)
     assert fly.token_ids == exact.token_ids
@@ -22,7 +22,8 @@ def test_closed_gate_equals_exact_tiny(tiny_engine, drafter):
 
 
 def test_loose_rule_accepts_more_tiny(tiny_engine):
-    kw = dict(max_new_tokens=80, num_draft_tokens=15, has_draft_model=True, draft_confidence_threshold=0.0)
+    kw = dict(max_new_tokens=80, num_draft_tokens=15, has_draft_model=True, draft_confidence_threshold=0.0,
+              adaptive_draft_length=False)
     exact = tiny_engine.generate(PROMPT, DecodeConfig.create("exact", "model", **kw), raw=True)
     fly = tiny_engine.generate(PROMPT, DecodeConfig.create("fly", "model", fly_window_size=2, **kw), raw=True)
     assert fly.stats.events["fly_deferred"] > 0
@@ -51,7 +52,7 @@ def test_fly_sampling_seeded(tiny_engine, variant):
 @pytest.mark.parametrize("drafter", ["ngram", "mla"])
 def test_closed_gate_equals_exact_smollm(smol_engine, drafter):
     prompt = "Write a Python function that returns the squares of a list of numbers."
-    kw = dict(max_new_tokens=48)
+    kw = dict(max_new_tokens=48, adaptive_draft_length=False)
     exact = smol_engine.generate(prompt, DecodeConfig.create("exact", drafter, num_draft_tokens=15, **kw))
     fly = smol_engine.generate(prompt, DecodeConfig.create("fly", drafter, fly_entropy_threshold=CLOSED, **kw))
     assert fly.token_ids == exact.token_ids

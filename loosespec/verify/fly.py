@@ -84,9 +84,19 @@ def window_clear(match: torch.Tensor, window_size: int) -> torch.Tensor:
     return (miss[hi] - miss[lo]) == 0
 
 
-def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[K] True where a mismatch's window fits in a draft of length K: ``j <= K - W - 1``."""
-    return torch.arange(k, device=device) <= k - window_size - 1
+def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu",
+                    num_draft_tokens: int | None = None) -> torch.Tensor:
+    """[k] True where a mismatch may be deferred in a draft of length k.
+
+    With the nominal draft length K (``num_draft_tokens``, FLy's K = 15) equal to the draft's, this
+    is the official code's ``j <= K - W - 1``. A draft cut shorter than K (the cost-aware draft
+    length, an end token, the token budget) keeps the nominal bound and adds that the window
+    ``j+1 .. j+W-1`` must lie inside the draft: ``j <= min(K - W - 1, k - W)``. So a shorter draft
+    never defers where a full one would not, and FLy with K <= W never defers at all.
+    """
+    nominal = k if num_draft_tokens is None else max(num_draft_tokens, k)
+    bound = nominal - window_size - 1 if nominal == k else min(nominal - window_size - 1, k - window_size)
+    return torch.arange(k, device=device) <= bound
 
 
 def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
@@ -97,15 +107,16 @@ def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
     return match | deferred
 
 
-def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int) -> torch.Tensor:
+def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
+             num_draft_tokens: int | None = None) -> torch.Tensor:
     """FLy's final acceptance mask: gate, window and boundary composed (see module docstring)."""
     k = match.shape[0]
     return loose_mask(match, gate_open(entropy, theta), window_clear(match, window_size),
-                      within_boundary(k, window_size, match.device))
+                      within_boundary(k, window_size, match.device, num_draft_tokens))
 
 
 def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-               accept: torch.Tensor) -> dict[str, int]:
+               accept: torch.Tensor, num_draft_tokens: int | None = None) -> dict[str, int]:
     """Counters for the mismatches the rule actually ruled on (positions up to the first reject).
 
     ``fly_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
@@ -116,7 +127,7 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     miss = ~match[upto]
     gate = gate_open(entropy[: miss.shape[0]], theta)
     window = window_clear(match, window_size)[upto]
-    bound = within_boundary(match.shape[0], window_size, match.device)[upto]
+    bound = within_boundary(match.shape[0], window_size, match.device, num_draft_tokens)[upto]
     deferred = miss & accept[upto]
     hard = miss & ~gate
     window_rej = miss & gate & ~window
@@ -127,17 +138,19 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
 
 
 def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3,
-                      window_size: int = 6, top_k: int = 3) -> Verdict:
-    """FLy on greedy targets (LOSSY). draft_tokens: [K]; target_logits: [K + 1, V]."""
+                      window_size: int = 6, top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
+    """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
+    the nominal K the boundary follows (default: the draft's length)."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
     draft_tokens = draft_tokens.to(target_tokens.device)
     match = match_mask(draft_tokens, target_tokens)
-    return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k)
+    return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
+                        num_draft_tokens)
 
 
 def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
                           generator: torch.Generator | None, theta: float = 0.3, window_size: int = 6,
-                          top_k: int = 3) -> Verdict:
+                          top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
     """FLy as in the official code for T > 0 (LOSSY even before loosening).
 
     A draft token matches when it equals either of two samples from the target's distribution;
@@ -149,12 +162,12 @@ def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tenso
     k = draft_tokens.shape[0]
     first, second = sample(target_probs, generator), sample(target_probs, generator)  # [K + 1] each
     match = (draft_tokens == first[:k]) | (draft_tokens == second[:k])
-    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k)
+    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens)
 
 
 def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
                          target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = 0.3,
-                         window_size: int = 6, top_k: int = 3) -> Verdict:
+                         window_size: int = 6, top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
     """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
 
     ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
@@ -165,22 +178,23 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k)
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
     return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
 
 
 def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3, window_size: int = 6,
-               top_k: int = 3) -> tuple[torch.Tensor, dict[str, int]]:
+               top_k: int = 3, num_draft_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, int]]:
     """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
     rejection-sampling acceptance), and the round's counters. ``target_logits``: [>= K, V] raw logits,
     for the entropy gate. Every engine's FLy (this one's rules, the vLLM plugin) goes through here."""
     entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
-    accept = fly_mask(match, entropy, theta, window_size)
-    return accept, fly_events(match, entropy, theta, window_size, accept)
+    accept = fly_mask(match, entropy, theta, window_size, num_draft_tokens)
+    return accept, fly_events(match, entropy, theta, window_size, accept, num_draft_tokens)
 
 
-def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k) -> Verdict:
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k)
+def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
+                 num_draft_tokens=None) -> Verdict:
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens)
     return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events)

@@ -1,0 +1,158 @@
+"""What machine this is, and the precision that follows from it (``--dtype auto``).
+
+Speculative decoding pays only where a forward over k + 1 tokens costs little more than a forward
+over one. That depends on the hardware, which differs between machines of the same cloud type
+from one day to the next, so the choice is made at run time from what the machine reports:
+
+- a CUDA device: bfloat16 where it supports it (Ampere and newer), else float16;
+- Apple MPS: float16;
+- a CPU with bfloat16 arithmetic (``amx_bf16`` or ``avx512_bf16`` in its flags): bfloat16;
+- any other x86 CPU: int8 weights (per output channel) with int8 activations scaled per token
+  (:mod:`loosespec.quant`), the non-linear parts in float32. Measured on a 2-core AVX2 EPYC, a
+  16-token forward of Qwen2.5-Coder-1.5B costs 11.3x a 1-token forward in bfloat16 and about
+  2.5x in int8 (``docs/cpu-precision.md``, ``loosespec models cost``);
+- a CPU without an int8 engine in torch (neither ``fbgemm`` nor ``x86``): float32.
+
+:class:`Precision` records what was chosen and why; it travels into ``--json``'s ``config``, the
+statistics line and bench results, next to the CPU model and the flags that decided it.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .errors import LoosespecError
+
+# CPU flags that matter for the precision choice and that every timing records
+FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+QUANTIZE_CHOICES = ("auto", "none", "int8")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    flags: frozenset[str]
+    arch: str
+
+    @property
+    def bf16(self) -> bool:
+        return any(f in self.flags for f in BF16_FLAGS)
+
+    def flags_of_note(self) -> list[str]:
+        return [f for f in FLAGS_OF_NOTE if f in self.flags]
+
+
+def parse_cpuinfo(text: str, arch: str = "x86_64") -> CpuInfo:
+    """CPU model and flags from the text of ``/proc/cpuinfo`` (the first processor's)."""
+    model, flags = "unknown CPU", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:  # x86 says flags, arm64 features
+            flags = frozenset(value.split())
+    return CpuInfo(model, flags, arch)
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    """This machine's CPU (``/proc/cpuinfo`` on Linux; the platform's processor string elsewhere)."""
+    path = Path("/proc/cpuinfo")
+    if path.exists():
+        return parse_cpuinfo(path.read_text(errors="replace"), platform.machine())
+    return CpuInfo(platform.processor() or platform.machine() or "unknown CPU", frozenset(), platform.machine())
+
+
+def int8_engine() -> str | None:
+    """torch's quantized engine that runs the int8 path on this CPU, or None."""
+    engines = torch.backends.quantized.supported_engines
+    for name in ("x86", "fbgemm"):
+        if name in engines:
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a model's weights and arithmetic are stored: ``dtype`` of the unquantized parts and
+    ``quantize`` (``none`` | ``int8``) of the Linear layers; ``name`` is the short label."""
+
+    dtype: str
+    quantize: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "int8" if self.quantize == "int8" else self.dtype
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+def describe_device(device: torch.device, cpu: CpuInfo | None = None) -> dict:
+    """What a timing ran on: the CPU model and flags of note, and the GPU when there is one."""
+    cpu = cpu or cpu_info()
+    out = {"device": str(device), "cpu": cpu.model, "cpu_flags": cpu.flags_of_note(), "arch": cpu.arch,
+           "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
+def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch.device | str = "cpu",
+                      cpu: CpuInfo | None = None, cuda_bf16: bool | None = None,
+                      engine: str | None | bool = False) -> Precision:
+    """The precision ``--dtype``/``--quantize`` ask for on this device, with the reason.
+
+    ``cpu``, ``cuda_bf16`` and ``engine`` default to what this machine reports; tests pass fixtures.
+    """
+    if dtype not in DTYPE_CHOICES:
+        raise LoosespecError(f"unknown dtype '{dtype}'; choose one of: {', '.join(DTYPE_CHOICES)}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise LoosespecError(f"unknown quantize '{quantize}'; choose one of: {', '.join(QUANTIZE_CHOICES)}")
+    device = torch.device(device)
+    if engine is False:
+        engine = int8_engine()
+    if quantize == "int8":
+        if device.type != "cpu":
+            raise LoosespecError(f"--quantize int8 runs on the CPU only (torch's {engine or 'fbgemm'} kernels); "
+                                 f"on {device.type} use --quantize none")
+        if engine is None:
+            raise LoosespecError("--quantize int8 needs torch's x86/fbgemm quantized engine, which this torch "
+                                 "build lacks; use --quantize none")
+        if dtype not in ("auto", "float32"):
+            raise LoosespecError(f"--quantize int8 computes the unquantized parts in float32; --dtype {dtype} "
+                                 "cannot go with it (use --dtype auto or float32)")
+        return Precision("float32", "int8", "int8 asked for (--quantize int8)")
+    if dtype != "auto":
+        return Precision(dtype, "none", f"--dtype {dtype} asked for")
+    if device.type == "cuda":
+        if cuda_bf16 is None:
+            cuda_bf16 = torch.cuda.is_bf16_supported()
+        if cuda_bf16:
+            return Precision("bfloat16", "none", "CUDA device with bfloat16 support")
+        return Precision("float16", "none", "CUDA device without bfloat16 support (pre-Ampere)")
+    if device.type == "mps":
+        return Precision("float16", "none", "Apple MPS device")
+    cpu = cpu or cpu_info()
+    if cpu.bf16:
+        flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
+        return Precision("bfloat16", "none", f"CPU has bfloat16 arithmetic ({flags})")
+    if quantize == "auto" and engine is not None:
+        return Precision("float32", "int8",
+                         "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): a bf16 forward over 16 tokens "
+                         "costs ~11x one token there; int8 weights with per-token int8 activations keep the "
+                         "verify forward cheap")
+    return Precision("float32", "none", "CPU has no bfloat16 arithmetic and no int8 engine requested or available")

@@ -1,0 +1,189 @@
+"""int8 Linear layers whose result for a token does not depend on the other tokens in the forward.
+
+Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens costs 11x a 1-token
+forward in bfloat16 (``docs/cpu-precision.md``); with torch's fbgemm int8 kernels it costs about
+2.5x, which is what makes speculation pay there. But fbgemm's dynamic quantization takes ONE
+activation scale for the whole batch: a token verified inside a 16-token forward is quantized
+differently from the same token decoded alone, and lossless methods stop equalling ``ar``.
+
+How: each activation row is scaled to absmax 1 and two constant columns holding -1 and +1 are
+appended (their weight columns are zero). Every batch then spans exactly [-1, 1], so fbgemm's
+per-tensor quantization parameters are the same for every forward, each row is quantized the
+same way alone or in a batch, and the int8 x int8 products are summed in exact integer
+arithmetic. The output row is multiplied back by its scale and the bias added. Result: per-token
+(row-wise) activation quantization, bit-identical for a row alone and inside any batch
+(``tests/test_quant.py``), at fbgemm's speed. Weights are symmetric int8 per output channel.
+
+Quantization changes the model (a different, 8-bit model, not the dequantized GGUF in float32):
+its task accuracy is measured next to float32's in BENCHMARKS.md. Lossless methods stay lossless
+*within* this precision: ``exact`` equals ``ar`` in int8 token for token.
+
+The Linear layers are not the only place where a row can depend on its batch: attention over 16
+queries runs other kernel blocks than over one, and in int8 a last-bit difference can move an
+activation across a rounding step. :func:`use_rowwise_attention` computes each query of a short
+forward (verification, drafting: at most ``ROWWISE_MAX_QUERIES`` queries) with the very call a
+1-token forward makes: one query against the keys up to its own position. Longer forwards
+(prefill) use transformers' SDPA; the decode loop prefills the prompt in its own forward for every
+method, so that forward is the same for all of them.
+
+Quantized weights are cached (``$LOOSESPEC_CACHE/int8/<key>.safetensors``) so a second load skips
+the quantization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+PAD = 2  # constant activation columns (-1, +1) that pin fbgemm's per-tensor range to [-1, 1]
+FORMAT = "loosespec-int8-rowwise-v1"
+
+
+def _quiet():
+    """torch deprecates the quantized tensor type (not the fbgemm kernels); say it once, not per layer."""
+    warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+
+
+def int8_supported() -> bool:
+    """Whether this torch build has the x86/fbgemm int8 kernels the layers below run on."""
+    return any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm"))
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: ``(int8 [out, in], scale [out] float32)``."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class RowwiseInt8Linear(nn.Module):
+    """A Linear layer in int8: weights per output channel, activations per token (row). CPU only."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        _quiet()
+        self.out_features, self.in_features = qweight.shape
+        padded = torch.cat([qweight, torch.zeros(self.out_features, PAD, dtype=torch.int8)], dim=1)
+        qt = torch._make_per_channel_quantized_tensor(padded, scale.double(),
+                                                      torch.zeros(self.out_features, dtype=torch.long), 0)
+        self._packed = torch.ops.quantized.linear_prepack(qt, None)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
+        self.register_buffer("_pad", torch.tensor([-1.0, 1.0]), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "RowwiseInt8Linear":
+        q, scale = quantize_weight(linear.weight)
+        return cls(q, scale, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        s = x2.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+        xn = torch.cat([x2 / s, self._pad.expand(x2.shape[0], PAD)], dim=1)
+        y = torch.ops.quantized.linear_dynamic(xn, self._packed, True) * s
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rowwise"
+
+
+ROWWISE_MAX_QUERIES = 64
+ROWWISE_ATTENTION = "loosespec_rowwise"
+
+
+def rowwise_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                      is_causal=None, **kwargs):
+    """transformers attention function: each of up to ``ROWWISE_MAX_QUERIES`` queries computed alone.
+
+    query [B, H, n, D], key/value [B, Hkv, L, D] (cache included), the n queries being the last n
+    positions. Query i sees keys ``0 .. L - n + i``, exactly what a 1-token forward at its position
+    sees, through the same ``scaled_dot_product_attention`` call. Returns ``([B, n, H, D], None)``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    n = query.shape[2]
+    if (n > ROWWISE_MAX_QUERIES or kwargs.get("sliding_window") or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or dropout):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    gqa = query.shape[1] != key.shape[1]
+    total = key.shape[2]
+    rows = []
+    for i in range(n):
+        kv = total - n + i + 1
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, :, i:i + 1, :kv]
+            allowed = mask if mask.dtype == torch.bool else mask == 0
+            if bool(allowed.all()):
+                mask = None
+        rows.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, i:i + 1], key[:, :, :kv], value[:, :, :kv], attn_mask=mask, scale=scaling,
+            enable_gqa=gqa))
+    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+
+
+def use_rowwise_attention(model: nn.Module) -> None:
+    """Switch a transformers model to :func:`rowwise_attention` (masks built as for SDPA)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+    AttentionMaskInterface.register(ROWWISE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ROWWISE_ATTENTION)
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def cache_file(cache_dir: Path, model_key: str) -> Path:
+    return cache_dir / f"{hashlib.sha256(f'{FORMAT}|{model_key}'.encode()).hexdigest()[:20]}.safetensors"
+
+
+def quantize_model(model: nn.Module, cache: Path | None = None) -> nn.Module:
+    """Replace every ``nn.Linear`` of a CPU float32 model by :class:`RowwiseInt8Linear`, in place.
+
+    ``cache``: a safetensors file holding the int8 weights and scales; read when it exists (and
+    matches the model's layers), written otherwise.
+    """
+    from safetensors.torch import load_file, save_file
+
+    _quiet()
+    names = _linear_names(model)
+    stored: dict[str, torch.Tensor] = {}
+    if cache is not None and cache.exists():
+        try:
+            stored = load_file(str(cache))
+        except Exception:  # a torn or foreign file: quantize afresh and overwrite it
+            stored = {}
+        if any(f"{n}.qweight" not in stored for n in names):
+            stored = {}
+    fresh: dict[str, torch.Tensor] = {}
+    for name in names:
+        linear = model.get_submodule(name)
+        if stored:
+            q, scale = stored[f"{name}.qweight"], stored[f"{name}.scale"]
+        else:
+            q, scale = quantize_weight(linear.weight)
+            fresh[f"{name}.qweight"], fresh[f"{name}.scale"] = q, scale
+        _set_module(model, name, RowwiseInt8Linear(q, scale, linear.bias))
+    use_rowwise_attention(model)
+    if cache is not None and fresh:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(".partial")
+        save_file(fresh, str(partial), metadata={"format": FORMAT})
+        partial.replace(cache)
+    return model

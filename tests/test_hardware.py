@@ -1,0 +1,79 @@
+"""Precision chosen from what the machine is: CPU flags from /proc/cpuinfo fixtures, CUDA absent or present."""
+
+from pathlib import Path
+
+import pytest
+
+from loosespec.errors import LoosespecError
+from loosespec.hardware import cpu_info, parse_cpuinfo, resolve_precision
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def cpu(name: str, arch: str = "x86_64"):
+    return parse_cpuinfo((FIX / f"cpuinfo_{name}.txt").read_text(), arch)
+
+
+def test_parse_cpuinfo_reads_model_and_first_processors_flags():
+    epyc = cpu("epyc_zen3")
+    assert epyc.model == "AMD EPYC 7B13"
+    assert "avx2" in epyc.flags and "fma" in epyc.flags  # the first processor's line, not the second's
+    assert not epyc.bf16
+    assert epyc.flags_of_note() == ["avx2"]
+    spr = cpu("sapphire_rapids_amx")
+    assert spr.bf16 and {"amx_bf16", "avx512_bf16", "avx512_vnni"} <= set(spr.flags_of_note())
+    arm = cpu("graviton", "aarch64")
+    assert arm.model == "unknown CPU" and "asimd" in arm.flags and not arm.bf16
+
+
+def test_avx2_cpu_gets_int8():
+    p = resolve_precision("auto", "auto", "cpu", cpu=cpu("epyc_zen3"), engine="x86")
+    assert (p.dtype, p.quantize, p.name) == ("float32", "int8", "int8")
+    assert "no bfloat16 arithmetic" in p.reason
+
+
+def test_amx_cpu_gets_bfloat16():
+    p = resolve_precision("auto", "auto", "cpu", cpu=cpu("sapphire_rapids_amx"), engine="x86")
+    assert (p.name, p.quantize) == ("bfloat16", "none")
+    assert "amx_bf16" in p.reason
+
+
+def test_cpu_without_int8_engine_gets_float32():
+    p = resolve_precision("auto", "auto", "cpu", cpu=cpu("graviton", "aarch64"), engine=None)
+    assert p.name == "float32"
+
+
+def test_quantize_none_keeps_float32_on_avx2():
+    assert resolve_precision("auto", "none", "cpu", cpu=cpu("epyc_zen3"), engine="x86").name == "float32"
+
+
+def test_explicit_dtype_wins_and_int8_can_be_forced():
+    assert resolve_precision("bfloat16", "auto", "cpu", cpu=cpu("epyc_zen3"), engine="x86").name == "bfloat16"
+    forced = resolve_precision("auto", "int8", "cpu", cpu=cpu("sapphire_rapids_amx"), engine="x86")
+    assert forced.name == "int8"
+
+
+def test_cuda_precision_follows_bf16_support():
+    assert resolve_precision("auto", "auto", "cuda", cuda_bf16=True, engine="x86").name == "bfloat16"
+    assert resolve_precision("auto", "auto", "cuda", cuda_bf16=False, engine="x86").name == "float16"
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(dtype="auto", quantize="int8", device="cuda"), "CPU only"),
+    (dict(dtype="bfloat16", quantize="int8", device="cpu"), "float32"),
+    (dict(dtype="int4", quantize="auto", device="cpu"), "unknown dtype"),
+    (dict(dtype="auto", quantize="int4", device="cpu"), "unknown quantize"),
+])
+def test_bad_combinations_are_clear_errors(kw, words):
+    with pytest.raises(LoosespecError, match=words):
+        resolve_precision(**kw, cpu=cpu("epyc_zen3"), engine="x86")
+
+
+def test_int8_without_engine_is_refused():
+    with pytest.raises(LoosespecError, match="quantized engine"):
+        resolve_precision("auto", "int8", "cpu", cpu=cpu("epyc_zen3"), engine=None)
+
+
+def test_this_machine_is_described():
+    me = cpu_info()
+    assert me.model and isinstance(me.flags, frozenset)
