@@ -4,8 +4,11 @@ Times the target's prefill, a 1-token forward and a verify forward over K + 1 to
 prompt in the cache), and each rule on logits of that shape, on the same device. The ratio of the
 verify forward to the 1-token forward decides how much speculative decoding can gain here:
 
-    python benchmarks/rule_cost.py                       # default target, bf16, K = 15
-    python benchmarks/rule_cost.py --target smollm2-135m-instruct --dtype float32
+    python benchmarks/rule_cost.py                       # default target, precision by hardware, K = 15
+    python benchmarks/rule_cost.py --target smollm2-135m-instruct --dtype float32 --quantize none
+
+The forward costs come from the same measurement the cost-aware draft length uses
+(:func:`loosespec.cost.measure`, printed per n by ``loosespec models cost``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 import torch
 
+from loosespec.cost import measure
 from loosespec.engine import sync
 from loosespec.kv import CachedLM
 from loosespec.models import load
@@ -39,14 +43,15 @@ def timed(fn, device, repeat: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quantize", default="auto")
     ap.add_argument("--device", default="auto")
     ap.add_argument("-k", "--num-draft-tokens", type=int, default=15)
     ap.add_argument("--prompt-tokens", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    m = load(args.target, args.dtype, args.device)
+    m = load(args.target, args.dtype, args.device, quantize=args.quantize)
     lm = CachedLM(m.model)
     g = torch.Generator().manual_seed(0)
     vocab = len(m.tokenizer)
@@ -54,12 +59,6 @@ def main(argv=None) -> int:
     draft = torch.randint(0, vocab, (args.num_draft_tokens,), generator=g)
     seq = torch.cat([prompt, draft])
     prefill = timed(lambda: (lm.reset(), lm.logits(prompt, rows=1)), lm.device, 1)  # leaves the prompt cached
-
-    def forward():  # asking for K + 1 rows rolls the cache back to the prompt and recomputes them
-        lm.logits(seq, rows=args.num_draft_tokens + 1)
-
-    def one_token():
-        lm.logits(seq[: args.prompt_tokens + 1], rows=1)
 
     logits = lm.logits(seq, rows=args.num_draft_tokens + 1)
     draft_dev = draft.to(lm.device)
@@ -72,9 +71,10 @@ def main(argv=None) -> int:
         "fly rejection (T=0.7, probs included)": lambda: fly_verify_rejection(
             draft_dev, None, logits, logits_to_probs(logits, sampling), gen),
     }
-    fwd = timed(forward, lm.device, args.repeat)
-    one = timed(one_token, lm.device, args.repeat)
-    print(f"{args.target} ({args.dtype}, {lm.device}), medians of {args.repeat}:")
+    curve = measure(lm, args.num_draft_tokens + 1, context=args.prompt_tokens, repeats=args.repeat,
+                    sync=lambda: sync(lm.device))
+    one, fwd = curve(1), curve(args.num_draft_tokens + 1)
+    print(f"{args.target} ({m.precision.name}, {lm.device}), medians of {args.repeat}:")
     print(f"  prefill of {args.prompt_tokens} tokens: {prefill * 1e3:.0f} ms")
     print(f"  1-token forward after {args.prompt_tokens} cached: {one * 1e3:.1f} ms")
     print(f"  verify forward over {args.num_draft_tokens + 1} tokens after {args.prompt_tokens} cached: "

@@ -73,7 +73,9 @@ def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str, str | None]
 
 
 def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int, sg_tau: float | None = None) -> dict:
-    settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": sg_tau}
+    # fixed K per round: the committed results/speed_*.json were measured so (loosespec bench has both)
+    settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": sg_tau,
+                "adaptive_draft_length": False}
     o = run_method(engine, method, ids, settings)
     s = o.stats
     return {"token_ids": o.token_ids, "wall_s": o.wall_s, "lossy": is_lossy(method),

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 CONTEXT = 128  # cached tokens before the timed forwards
-REPEATS = 3  # timed forwards per point; the median is kept
+REPEATS = 5  # timed forwards per point; the median is kept
 POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FORMAT = 1
 
@@ -83,20 +83,20 @@ def measure(lm, max_n: int, *, context: int = CONTEXT, repeats: int = REPEATS, v
     seq = torch.randint(min(100, vocab - 1), vocab, (context + max_n,), generator=gen)
     lm.reset()
     lm.logits(seq[:context], rows=1)  # prefill the context
-    lm.logits(seq[: context + 1], rows=1)  # warm-up
     ns = points(max_n)
-    seconds = []
-    for n in ns:
-        times = []
-        for _ in range(repeats):
+    for n in (1, ns[-1], 1):  # warm-up: kernels and allocators for the smallest and largest shapes
+        lm.logits(seq[: context + n], rows=n)
+    times: dict[int, list[float]] = {n: [] for n in ns}
+    for _ in range(repeats):  # round-robin over n, so that a slow stretch of the machine hits all n alike
+        for n in ns:
             sync()
             t0 = timer()
             lm.logits(seq[: context + n], rows=n)  # the cache rolls back to the context each time
             sync()
-            times.append(timer() - t0)
-        seconds.append(sorted(times)[len(times) // 2])
-        if progress:
-            progress(f"c({n}) = {1000 * seconds[-1]:.1f} ms")
+            times[n].append(timer() - t0)
+    seconds = [sorted(times[n])[len(times[n]) // 2] for n in ns]
+    if progress:
+        progress(" ".join(f"c({n}) = {1000 * t:.1f} ms" for n, t in zip(ns, seconds)))
     lm.reset()
     return CostCurve(tuple(ns), tuple(monotone(seconds)))
 

@@ -39,8 +39,10 @@ import torch
 from .cost import CostCurve
 from .drafters.base import EMPTY_DRAFT, Draft
 
-PRIOR_MEAN = 0.6  # conditional acceptance before any evidence
-PRIOR_WEIGHT = 2.0  # in rounds
+# Optimistic before any evidence (a new drafter is tried), worth one round of evidence: a drafter that
+# does not pay is dropped after a round or two, and one that does is kept.
+PRIOR_MEAN = 0.9  # conditional acceptance before any evidence
+PRIOR_WEIGHT = 1.0  # in rounds
 DECAY = 0.97  # per round: evidence older than ~30 rounds fades towards the prior
 
 
@@ -94,14 +96,19 @@ class DraftLengthPolicy:
         """Expected committed tokens per second of a round drafting k."""
         return self.estimate.expected_tokens(k) / (k * self.draft_token_cost + self.target_cost(k + 1))
 
-    def choose(self, k_cap: int) -> int:
+    def best(self, k_cap: int) -> tuple[int, float]:
+        """The draft length in 0..k_cap with the highest expected rate, and that rate."""
         best_k, best = 0, self.expected_rate(0)
         for k in range(1, min(k_cap, self.max_k) + 1):
             r = self.expected_rate(k)
             if r > best:
                 best_k, best = k, r
-        self.histogram[best_k] += 1
-        return best_k
+        return best_k, best
+
+    def choose(self, k_cap: int) -> int:
+        k = self.best(k_cap)[0]
+        self.histogram[k] += 1
+        return k
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
         """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted."""
@@ -139,3 +146,58 @@ class CostAwareDrafter:
 
     def feedback(self, drafted: int, accepted: int) -> None:
         self.policy.observe(drafted, accepted, self._draft_s)
+
+
+class LeveledDrafter:
+    """FLy's multi-level drafter with a cost-aware choice of level each round.
+
+    The n-gram lookup proposal is free; the draft model (MLA: itself sped up by lookup) costs
+    forwards. Each round compares three options by expected committed tokens per second: the lookup
+    proposal alone (up to its length), the draft model's proposal (up to K), and no draft. Each
+    level keeps its own acceptance estimate (lookup proposals are right or wrong in long runs; the
+    draft model's acceptance is steadier), and the level not used decays towards its prior so that
+    it is tried again. Where lookup finds long copies (summaries, edits of code in the prompt) the
+    draft model is not run at all.
+    """
+
+    def __init__(self, lookup, model, lookup_policy: DraftLengthPolicy, model_policy: DraftLengthPolicy, draft_lm):
+        self.lookup = lookup
+        self.model = model
+        self.name = model.name
+        self.policies = {"lookup": lookup_policy, "model": model_policy}
+        self.draft_lm = draft_lm
+        self.last_choice: int | None = None
+        self.level: str | None = None
+        self.round_events: dict[str, int] = {}
+        self._draft_s: float | None = None
+
+    def propose(self, seq: torch.Tensor, k: int) -> Draft:
+        proposal = self.lookup.propose(seq, k)
+        options = [("none", 0, self.policies["model"].expected_rate(0))]
+        if len(proposal):
+            ka, ra = self.policies["lookup"].best(len(proposal))
+            options.append(("lookup", ka, ra))
+        kb, rb = self.policies["model"].best(k)
+        options.append(("model", kb, rb))
+        level, chosen, _ = max(options, key=lambda o: o[2])  # ties keep the cheaper, earlier option
+        if chosen == 0:
+            level = "none"
+        self.level, self.last_choice = level, chosen
+        self.round_events = {f"rounds_{level}": 1}
+        self._draft_s = 0.0
+        if level == "none":
+            return EMPTY_DRAFT
+        if level == "lookup":
+            return Draft(proposal.tokens[:chosen])
+        before = self.draft_lm.modelled_s
+        draft = self.model.propose(seq, chosen)
+        self._draft_s = self.draft_lm.modelled_s - before
+        return draft
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        for level, policy in self.policies.items():
+            if level == self.level:
+                policy.observe(drafted, accepted, self._draft_s if level == "model" else None)
+                policy.histogram[self.last_choice] += 1
+            else:
+                policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again

@@ -112,15 +112,18 @@ def decode(
     while produced < max_new_tokens:
         # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
         k = min(num_draft_tokens, max_new_tokens - produced - 1)
-        draft = drafter.propose(seq, k) if drafter is not None and k > 0 else EMPTY_DRAFT
+        proposed = drafter is not None and k > 0
+        draft = drafter.propose(seq, k) if proposed else EMPTY_DRAFT
         if drafter is not None:
-            stats.record_draft_length(getattr(drafter, "last_choice", k) if k > 0 else 0)
+            stats.record_draft_length(getattr(drafter, "last_choice", k) if proposed else 0)
         # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
         logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
         # 3. rule: accepted prefix + one correction-or-bonus token
         verdict = rule(draft, logits)
-        if hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware draft length)
+        level = None
+        if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
             drafter.feedback(len(draft), verdict.num_accepted)
+            level = getattr(drafter, "round_events", None)  # the drafting level the round used (LeveledDrafter)
         # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
         tokens = verdict.tokens.tolist()
         end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
@@ -130,6 +133,8 @@ def decode(
         produced += len(tokens)
         # 5. stats
         events = verdict.events
+        if level:
+            events = {**(events or {}), **level}
         if draft.draft_units is not None:
             events = {**(events or {}), "draft_units_drafted": draft.draft_units}
         stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), events)
@@ -340,16 +345,20 @@ class Engine:
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""
-        from .draftlen import CostAwareDrafter, DraftLengthPolicy
+        from .draftlen import CostAwareDrafter, DraftLengthPolicy, LeveledDrafter
 
         target_cost = self.cost_curve("target", cfg.num_draft_tokens + 1)
         self.target_lm.cost = target_cost
-        draft_lm, token_cost = None, 0.0
-        if cfg.drafter in ("model", "mla"):
-            draft_lm = self.draft_lm
-            draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
-            token_cost = draft_lm.cost(1)  # one forward per token until the first rounds say otherwise
-        return CostAwareDrafter(drafter, DraftLengthPolicy(target_cost, token_cost, cfg.num_draft_tokens), draft_lm)
+        k = cfg.num_draft_tokens
+        if cfg.drafter == "ngram":
+            return CostAwareDrafter(drafter, DraftLengthPolicy(target_cost, 0.0, k))
+        draft_lm = self.draft_lm
+        draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
+        model_policy = DraftLengthPolicy(target_cost, draft_lm.cost(1), k)  # a forward per token until measured
+        if cfg.drafter == "mla" and self.bridge is None and cfg.method != "specguard":
+            lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
+            return LeveledDrafter(lookup, drafter, DraftLengthPolicy(target_cost, 0.0, k), model_policy, draft_lm)
+        return CostAwareDrafter(drafter, model_policy, draft_lm)
 
     def _draft_side_stops(self) -> frozenset[int]:
         """End tokens in the ids the draft model works in (its own across tokenizers)."""
