@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: peers bench-cpu setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -155,6 +155,33 @@ bench-vllm-load: setup vllm
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(VLLM_LOAD_N) --max-new-tokens 256 \
 		--vllm-concurrency $(VLLM_CONCURRENCY) --vllm-max-num-batched-tokens 256 \
 		--methods vllm-ar,vllm-draft,vllm-fly --out $(BENCH_DIR)/vllm/gsm8k-load
+
+# llama.cpp for the llamacpp-ar / llamacpp-pld bench peers: llama-cpp-python builds from source (10-20 min
+# on 2 cores). Never part of `make test`.
+$(VENV)/.peers: $(STAMP)
+	$(PIP) install -e ".[peers]"
+	touch $@
+peers: $(VENV)/.peers
+
+# Speed on the machine at hand (issue 16): every loosespec method in the precision --dtype auto picks here,
+# with the cost-aware draft length, next to transformers' prompt lookup (same precision) and llama.cpp on the
+# same GGUF files; CPU_N prompts from HumanEval and from Spec-Bench's summarization, math_reasoning and
+# translation, CPU_TOKENS new tokens, greedy. benchmarks/cpu_acceptance.py prints the per-category table
+# and the acceptance checks (results/bench/cpu/acceptance.md).
+CPU_N ?= 5
+CPU_TOKENS ?= 128
+CPU_METHODS ?= ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld,llamacpp-ar,llamacpp-pld
+CPU_CATEGORIES ?= summarization math_reasoning translation
+bench-cpu: setup peers
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+	$(BIN)/loosespec bench --dataset humaneval --limit $(CPU_N) --max-new-tokens $(CPU_TOKENS) --no-plots \
+		--out $(BENCH_DIR)/cpu/humaneval --methods $(CPU_METHODS)
+	for c in $(CPU_CATEGORIES); do \
+	  $(BIN)/loosespec bench --dataset specbench --category $$c --limit $(CPU_N) --max-new-tokens $(CPU_TOKENS) \
+	    --no-plots --out $(BENCH_DIR)/cpu/specbench-$$c --methods $(CPU_METHODS) || exit 1; \
+	done
+	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt

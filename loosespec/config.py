@@ -69,7 +69,7 @@ class DecodeConfig:
     mla_lookup_tokens: int = 6  # MLA: n-gram candidates per draft-model forward (FLy's M)
     draft_confidence_threshold: float = 0.3  # model drafter, greedy: stop drafting below this top prob
     # cost-aware draft length (loosespec.draftlen): each round drafts 0..K tokens, as far as it pays;
-    # False drafts K every round (paper-faithful runs)
+    # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
     adaptive_draft_length: bool = True
     # FLy (method "fly"); names as in the vLLM FLy port
     fly_window_size: int = 6  # W, counting the mismatch itself (the official code's meaning)

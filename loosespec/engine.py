@@ -334,7 +334,9 @@ class Engine:
             drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
         elif self.bridge is not None and cfg.drafter in ("model", "mla"):
             drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
-        if drafter is not None and cfg.adaptive_draft_length:
+        if drafter is not None and cfg.adaptive_draft_length and cfg.method != "specguard":
+            # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
+            # which no per-round estimate describes: they keep K
             drafter = self._cost_aware(drafter, cfg)
         if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
                                    and cfg.sg_verify == "fly"):
@@ -347,7 +349,8 @@ class Engine:
         """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""
         from .draftlen import CostAwareDrafter, DraftLengthPolicy, LeveledDrafter
 
-        target_cost = self.cost_curve("target", cfg.num_draft_tokens + 1)
+        # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
+        target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
         self.target_lm.cost = target_cost
         k = cfg.num_draft_tokens
         if cfg.drafter == "ngram":
@@ -355,7 +358,7 @@ class Engine:
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
         model_policy = DraftLengthPolicy(target_cost, draft_lm.cost(1), k)  # a forward per token until measured
-        if cfg.drafter == "mla" and self.bridge is None and cfg.method != "specguard":
+        if cfg.drafter == "mla" and self.bridge is None:
             lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
             return LeveledDrafter(lookup, drafter, DraftLengthPolicy(target_cost, 0.0, k), model_policy, draft_lm)
         return CostAwareDrafter(drafter, model_policy, draft_lm)

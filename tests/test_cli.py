@@ -115,3 +115,41 @@ def test_bad_vllm_bench_options(tiny_dir, tmp_path, flag):
     p = cli("bench", "--target", str(tiny_dir / "target"), "--dataset", "gsm8k", "--methods", "vllm-ar",
             "--out", str(tmp_path / "out"), flag, "0")
     assert_one_line_error(p, flag, "got 0")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--quantize", "int4"], "unknown quantize"),
+    (["--dtype", "bfloat16", "--quantize", "int8"], "float32"),
+    (["--dtype", "fp8"], "unknown dtype"),
+])
+def test_bad_precision_flags(tiny_dir, flags, words):
+    assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none", *flags, "hi"), words)
+
+
+def test_int8_precision_is_recorded_and_exact_equals_ar(tiny_dir):
+    common = ["generate", "--json", "--raw", "--quantize", "int8", "--target", str(tiny_dir / "target"),
+              "--draft", "none", "--max-new-tokens", "24", "def add(a, b):\n    return a + b\n"]
+    exact = json.loads(cli(*common, "--method", "exact", "--drafter", "ngram").stdout)
+    ar = json.loads(cli(*common, "--method", "ar").stdout)
+    assert exact["token_ids"] == ar["token_ids"]
+    cfg = exact["config"]
+    assert cfg["precision"]["name"] == "int8" and cfg["precision"]["reason"]
+    assert cfg["hardware"]["cpu"] and "cpu_flags" in cfg["hardware"]
+    assert exact["stats"]["precision"] == "int8"
+    assert sum(exact["stats"]["draft_length_histogram"].values()) == exact["stats"]["rounds"]
+
+
+def test_models_cost_measures_once_then_reads_the_cache(tiny_dir, tmp_path):
+    env = {**ENV, "LOOSESPEC_CACHE": str(tmp_path)}
+    args = [sys.executable, "-m", "loosespec.cli", "models", "cost", str(tiny_dir / "target"), "--max-n", "4",
+            "--dtype", "float32", "--quantize", "none"]
+    first = subprocess.run(args + ["--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    curve = json.loads(first.stdout)
+    assert curve["ns"] == [1, 2, 3, 4] and all(t > 0 for t in curve["seconds"])
+    assert curve["meta"]["precision"] == "float32" and curve["meta"]["cpu"]
+    table = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert table.returncode == 0 and "measuring" not in table.stderr  # served from the cache
+    assert "| 4 |" in table.stdout and "c(n)/c(1)" in table.stdout
+    assert_one_line_error(subprocess.run(args[:-6] + ["--max-n", "0"], capture_output=True, text=True, env=env),
+                          "--max-n")

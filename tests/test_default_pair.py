@@ -29,3 +29,22 @@ def test_fly_accepts_at_least_as_much_as_exact(qwen_engine, drafter):
         exact_tau += qwen_engine.generate(p, DecodeConfig.create("exact", drafter, **kw)).stats.mean_accepted_length
         fly_tau += qwen_engine.generate(p, DecodeConfig.create("fly", drafter, **kw)).stats.mean_accepted_length
     assert fly_tau >= exact_tau
+
+
+@pytest.fixture(scope="module")
+def qwen_int8():
+    from loosespec import Engine
+
+    return Engine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", dtype="auto", quantize="int8",
+                       device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "mla"])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_int8_exact_equals_ar(qwen_int8, drafter, adaptive):
+    """Lossless stays lossless in int8: per-token activation scales and per-query attention."""
+    for p in PROMPTS:
+        ar = qwen_int8.generate(p, DecodeConfig.create("ar", max_new_tokens=64))
+        cfg = DecodeConfig.create("exact", drafter, max_new_tokens=64, has_draft_model=True,
+                                  adaptive_draft_length=adaptive)
+        assert qwen_int8.generate(p, cfg).token_ids == ar.token_ids

@@ -105,7 +105,7 @@ def test_fly_boundary_keeps_nominal_k():
 
 
 def with_curves(engine, target: CostCurve, draft: CostCurve, cfg: DecodeConfig):
-    engine._costs[("target", cfg.num_draft_tokens + 1)] = target
+    engine._costs[("target", max(cfg.num_draft_tokens + 1, 16))] = target
     engine._costs[("draft", cfg.mla_lookup_tokens + 1)] = draft
     return engine
 
