@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: peers bench-cpu setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -61,8 +61,12 @@ bench-specguard: setup
 # SpecGuard's tau from the first CAL_N GSM8K problems (where the default tau comes from)
 CAL_N ?= 20
 calibrate-specguard: setup
-	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k --limit $(CAL_N) \
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k --limit $(CAL_N) --dtype bfloat16 \
 		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration_specguard.json
+
+# The runs measured before precision by hardware and the cost-aware draft length (bfloat16, K every round):
+# these flags reproduce their configuration (and let `make benchmarks` reprint the committed results).
+LEGACY = --dtype bfloat16 --fixed-draft-length
 
 # BENCHMARKS.md: every `loosespec bench` run in it (default pair, greedy, bfloat16; NIAH in float32, whose
 # prefill is 3x faster on this CPU). The committed
@@ -70,14 +74,14 @@ calibrate-specguard: setup
 # of timed generation on the 2-core development CPU, plus loading and warm-ups). Each run resumes where it stopped; larger limits only add pairs.
 BENCH_DIR ?= results/bench
 benchmarks: setup
-	$(BIN)/loosespec bench --dataset humaneval --limit 3 --out $(BENCH_DIR)/humaneval \
+	$(BIN)/loosespec bench --dataset humaneval --limit 3 --out $(BENCH_DIR)/humaneval $(LEGACY) \
 		--methods ar,exact-ngram,fly-ngram,hf-pld
-	$(BIN)/loosespec bench --dataset gsm8k --limit 3 --max-new-tokens 384 --out $(BENCH_DIR)/gsm8k \
+	$(BIN)/loosespec bench --dataset gsm8k --limit 3 --max-new-tokens 384 --out $(BENCH_DIR)/gsm8k $(LEGACY) \
 		--methods ar,exact-mla,fly-ngram,fly-mla,hf-pld,hf-assist
-	$(BIN)/loosespec bench --dataset mgsm --lang de,zh --limit 2 --max-new-tokens 320 --out $(BENCH_DIR)/mgsm \
+	$(BIN)/loosespec bench --dataset mgsm --lang de,zh --limit 2 --max-new-tokens 320 --out $(BENCH_DIR)/mgsm $(LEGACY) \
 		--methods ar,fly-mla
 	$(BIN)/loosespec bench --dataset niah --context-lengths 1024 --depths 0.25,0.75 --max-new-tokens 32 \
-		--dtype float32 --out $(BENCH_DIR)/niah --methods ar,fly-ngram,fly-mla
+		--dtype float32 --quantize none --fixed-draft-length --out $(BENCH_DIR)/niah --methods ar,fly-ngram,fly-mla
 
 # drafting across tokenizers (issue 7): Qwen 1.5B target, drafts Qwen 0.5B (same tokenizer), SmolLM2-135M
 # (49k vocab) and Gemma 3 270M (262k vocab), exact and fly, on HumanEval and Spec-Bench's mt_bench prompts.
@@ -87,9 +91,9 @@ XTOK_DRAFTS ?= qwen2.5-coder-0.5b-instruct smollm2-135m-instruct gemma-3-270m
 bench-xtok: setup
 	for d in $(XTOK_DRAFTS); do \
 	  $(BIN)/loosespec models pull $$d || exit 1; \
-	  $(BIN)/loosespec bench --dataset humaneval --limit $(XTOK_N) --max-new-tokens 128 --draft $$d \
+	  $(BIN)/loosespec bench --dataset humaneval --limit $(XTOK_N) --max-new-tokens 128 --draft $$d $(LEGACY) \
 	    --out $(BENCH_DIR)/xtok/humaneval-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
-	  $(BIN)/loosespec bench --dataset specbench --category mt_bench --limit $(XTOK_N) --max-new-tokens 128 \
+	  $(BIN)/loosespec bench --dataset specbench --category mt_bench --limit $(XTOK_N) --max-new-tokens 128 $(LEGACY) \
 	    --draft $$d --out $(BENCH_DIR)/xtok/mtbench-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
 	done
 
@@ -133,7 +137,7 @@ test-vllm: setup vllm
 # 256 batched tokens). vllm-fly uses FLy's K = 15 draft tokens, the others vLLM's usual 5.
 VLLM_N ?= 3
 VLLM_HE_N ?= 2
-VLLM_ARGS = --vllm-max-num-batched-tokens 256 --methods ar,vllm-ar,vllm-ngram,vllm-draft,vllm-fly
+VLLM_ARGS = $(LEGACY) --vllm-max-num-batched-tokens 256 --methods ar,vllm-ar,vllm-ngram,vllm-draft,vllm-fly
 bench-vllm: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
@@ -153,7 +157,7 @@ bench-vllm-load: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(VLLM_LOAD_N) --max-new-tokens 256 \
-		--vllm-concurrency $(VLLM_CONCURRENCY) --vllm-max-num-batched-tokens 256 \
+		--vllm-concurrency $(VLLM_CONCURRENCY) --vllm-max-num-batched-tokens 256 $(LEGACY) \
 		--methods vllm-ar,vllm-draft,vllm-fly --out $(BENCH_DIR)/vllm/gsm8k-load
 
 # llama.cpp for the llamacpp-ar / llamacpp-pld bench peers: llama-cpp-python builds from source (10-20 min
@@ -183,8 +187,23 @@ bench-cpu: setup peers
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
 
+# What the precision --dtype auto picks costs in accuracy: ar alone in int8 and in float32 on the first PREC_N
+# GSM8K (384 tokens) and HumanEval (256 tokens) problems; PREC_N grows a run resumably.
+PREC_N ?= 30
+PREC_ARGS = --methods ar --draft none --no-plots
+bench-precision: setup
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	for p in "int8 --quantize int8" "float32 --dtype float32 --quantize none"; do set -- $$p; name=$$1; shift; \
+	  $(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) $$@ \
+	    --out $(BENCH_DIR)/precision/gsm8k-$$name || exit 1; \
+	  $(BIN)/loosespec bench --dataset humaneval --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) $$@ \
+	    --out $(BENCH_DIR)/precision/humaneval-$$name || exit 1; \
+	done
+	for s in gsm8k humaneval; do $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int8 \
+	  $(BENCH_DIR)/precision/$$s-float32; echo; done | tee $(BENCH_DIR)/precision/accuracy.md
+
 rule-cost: setup
-	$(BIN)/python benchmarks/rule_cost.py | tee results/rule_cost.txt
+	$(BIN)/python benchmarks/rule_cost.py --dtype bfloat16 | tee results/rule_cost.txt
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,8 +3,11 @@
 Every block between ``<!-- report DIR -->`` and ``<!-- end report -->`` is replaced by the table
 ``loosespec report DIR`` prints (per method, then per category when there are several), and every
 block between ``<!-- drafts DIR -->`` and ``<!-- end drafts -->`` by one table comparing the result
-directories under DIR (one per dataset and draft model), so the numbers in BENCHMARKS.md are always
-the ones in the ``results.jsonl`` files:
+directories under DIR (one per dataset and draft model); ``<!-- cpu DIR -->`` .. ``<!-- end cpu -->``
+holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) and
+``<!-- precision A B -->`` .. ``<!-- end precision -->`` ``benchmarks/precision_accuracy.py A B``
+(``ar`` in two precisions). So the numbers in BENCHMARKS.md are always the ones in the
+``results.jsonl`` files:
 
     python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
     python benchmarks/update_benchmarks_md.py --check    # exit 1 if it is out of date
@@ -23,6 +26,8 @@ from loosespec.bench import RESULTS, ResultsFile, report
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DOTALL)
 DRAFTS = re.compile(r"(<!-- drafts (\S+) -->\n)(.*?)(<!-- end drafts -->)", re.DOTALL)
+CPU = re.compile(r"(<!-- cpu (\S+) -->\n)(.*?)(<!-- end cpu -->)", re.DOTALL)
+PRECISION = re.compile(r"(<!-- precision (\S+) (\S+) -->\n)(.*?)(<!-- end precision -->)", re.DOTALL)
 
 
 def _f(v, spec=".2f"):
@@ -56,6 +61,11 @@ def drafts_table(root: Path) -> str:
     return "\n".join(lines)
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_acceptance import report as cpu_report  # noqa: E402
+from precision_accuracy import compare  # noqa: E402
+
+
 def render(md: str) -> str:
     def table(m: re.Match) -> str:
         _, text = report(ROOT / m.group(2), draw=False, write=False)
@@ -64,7 +74,14 @@ def render(md: str) -> str:
     def drafts(m: re.Match) -> str:
         return m.group(1) + "\n" + drafts_table(ROOT / m.group(2)) + "\n\n" + m.group(4)
 
-    return DRAFTS.sub(drafts, BLOCK.sub(table, md))
+    def cpu(m: re.Match) -> str:  # per-category speed and the acceptance checks (benchmarks/cpu_acceptance.py)
+        text, _ = cpu_report(ROOT / m.group(2))
+        return m.group(1) + "\n" + text.split("\n", 2)[2].strip() + "\n\n" + m.group(4)
+
+    def precision(m: re.Match) -> str:  # ar in two precisions (benchmarks/precision_accuracy.py)
+        return m.group(1) + "\n" + compare(ROOT / m.group(2), ROOT / m.group(3)) + "\n" + m.group(5)
+
+    return PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
 
 
 def main(argv=None) -> int:

@@ -383,10 +383,11 @@ def bench(
             from .models import resolve
             from .vllm.runner import VllmSettings
 
-            if dtype == "float16" or resolved != "cpu" and not resolved.startswith("cuda"):
+            if precision.name not in ("bfloat16", "float32", "int8") or (resolved != "cpu"
+                                                                         and not resolved.startswith("cuda")):
                 raise LoosespecError(f"vllm-* methods run on cpu or cuda in bfloat16/float32, not {resolved} {dtype}")
             vllm = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path)
-                                if draft_spec else None, dtype=dtype,
+                                if draft_spec else None, dtype=_vllm_dtype(dtype),
                                 num_speculative_tokens=vllm_num_speculative_tokens, concurrency=vllm_concurrency,
                                 max_num_batched_tokens=vllm_max_num_batched_tokens)
         B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings, vllm=vllm,
@@ -530,6 +531,12 @@ def serve(
     run_server(engine, settings, host=host, port=port, log_level=log_level)
 
 
+def _vllm_dtype(dtype: str) -> str:
+    """vLLM's dtype for ours: vLLM has no int8 path of loosespec's, and its own "auto" would read the
+    float32 the embedded models are stored in, so auto means bfloat16 there (what vLLM serves them in)."""
+    return "bfloat16" if dtype == "auto" else dtype
+
+
 def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly_window_size, fly_entropy_threshold,
                 fly_entropy_top_k, host, port, api_key, served_model_name, vllm_bin) -> None:
     """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
@@ -550,7 +557,7 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
     if not os.path.exists(exe):
         raise LoosespecError(f"vLLM not found at {exe}: run `make vllm` or pass --vllm-bin")
     settings = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path) if vm in (
-        "vllm-draft", "vllm-fly") else None, dtype=dtype, num_speculative_tokens=num_draft_tokens,  # None: k's default
+        "vllm-draft", "vllm-fly") else None, dtype=_vllm_dtype(dtype), num_speculative_tokens=num_draft_tokens,  # None: k's default
         vllm_bin=exe, fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
         fly_entropy_top_k=fly_entropy_top_k)
     argv, env = server_command(vm, settings, port, host=host, served_model_name=served_model_name, api_key=api_key)

@@ -18,7 +18,7 @@ from pathlib import Path
 from .errors import LoosespecError
 
 LLAMACPP_METHODS = {"llamacpp-ar": None, "llamacpp-pld": 10}  # method -> prompt-lookup tokens per step
-CONTEXT = 8192
+MIN_CONTEXT = 2048
 
 
 def gguf_file(spec: str) -> Path:
@@ -54,25 +54,32 @@ class LlamaCppPeer:
         self.threads = threads
         self._models: dict[str, object] = {}
 
-    def model(self, method: str):
-        if method not in self._models:
-            llama_cpp = _import()
-            lookup = LLAMACPP_METHODS[method]
-            draft = None
-            if lookup is not None:
-                from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    def model(self, method: str, tokens: int):
+        """The method's llama.cpp model with a context of at least ``tokens`` (re-created when it has less).
 
-                draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
-            self._models[method] = llama_cpp.Llama(model_path=str(self.path), n_ctx=CONTEXT, n_threads=self.threads,
-                                                   n_threads_batch=self.threads, draft_model=draft, verbose=False)
+        The binding's prompt lookup needs ``logits_all=True``, which keeps a float32 row of logits per
+        context position (151,936 wide for Qwen2.5: 0.6 GB per 1,000 positions), so the context is
+        sized to the run, not set to the model's maximum."""
+        have = self._models.get(method)
+        if have is not None and have.n_ctx() >= tokens:
+            return have
+        self._models.pop(method, None)
+        llama_cpp = _import()
+        lookup = LLAMACPP_METHODS[method]
+        draft = None
+        if lookup is not None:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
+        n_ctx = max(MIN_CONTEXT, 1 << (tokens - 1).bit_length())
+        self._models[method] = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_threads=self.threads,
+                                               n_threads_batch=self.threads, draft_model=draft,
+                                               logits_all=draft is not None, verbose=False)
         return self._models[method]
 
     def generate(self, method: str, ids: list[int], max_new_tokens: int, stop_ids) -> tuple[list[int], float]:
         """Greedy continuation of ``ids``: (new token ids, wall seconds including the prefill)."""
-        llm = self.model(method)
-        if len(ids) + max_new_tokens > CONTEXT:
-            raise LoosespecError(f"prompt of {len(ids)} tokens + {max_new_tokens} new exceeds llama.cpp's context "
-                                 f"of {CONTEXT} here")
+        llm = self.model(method, len(ids) + max_new_tokens + 16)
         llm.reset()  # no prompt cache carried over between runs: every run pays its prefill
         stops = set(stop_ids) | {llm.token_eos()}
         new: list[int] = []

@@ -1,0 +1,82 @@
+"""What a precision costs in accuracy: ``ar`` in one precision against ``ar`` in another, same problems.
+
+Reads two ``loosespec bench`` directories of the same set (``make bench-precision`` writes them: ``ar``
+alone, e.g. int8 and float32) and prints, over the problems both have scored: accuracy with 95%
+Wilson intervals, the paired counts (right in one, wrong in the other, both ways), an exact
+McNemar p-value, and the share of outputs identical token for token. Nothing is measured here, and
+no timing is reported: these runs are about accuracy (speed is ``make bench-cpu``'s).
+
+    python benchmarks/precision_accuracy.py results/bench/precision/gsm8k-int8 results/bench/precision/gsm8k-float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from math import comb
+from pathlib import Path
+
+from loosespec.bench import ResultsFile, wilson
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for b and c discordant pairs (binomial, p = 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def ar_rows(d: Path) -> tuple[dict, dict]:
+    rows = {r["question_id"]: r for r in ResultsFile(d / "results.jsonl").read()
+            if r["method"] == "ar" and r.get("score") is not None}
+    return rows, json.loads((d / "config.json").read_text())
+
+
+def compare(a_dir: Path, b_dir: Path) -> str:
+    a, ca = ar_rows(a_dir)
+    b, cb = ar_rows(b_dir)
+    if ca["dataset"] != cb["dataset"]:
+        raise SystemExit(f"different sets: {ca['dataset']} vs {cb['dataset']}")
+    ids = [q for q in a if q in b]
+    if not ids:
+        raise SystemExit("no problem scored in both directories")
+    n = len(ids)
+    ka = sum(bool(a[q]["score"]) for q in ids)
+    kb = sum(bool(b[q]["score"]) for q in ids)
+    a_only = sum(bool(a[q]["score"]) and not b[q]["score"] for q in ids)
+    b_only = sum(bool(b[q]["score"]) and not a[q]["score"] for q in ids)
+    same = sum(a[q]["token_ids"] == b[q]["token_ids"] for q in ids)
+    pa, pb = ca["dtype"], cb["dtype"]
+    hw = next(iter(a.values())).get("hardware") or {}
+
+    def acc(k):
+        lo, hi = wilson(k, n)
+        return f"{k}/{n} = {k / n:.2f} ({lo:.2f}-{hi:.2f})"
+
+    return "\n".join([
+        f"{ca['dataset']} ({ca['target']}, ar, greedy, {ca['max_new_tokens']} new tokens, first {n} problems; "
+        f"{hw.get('cpu', '?')}, {' '.join(hw.get('cpu_flags', []))})",
+        "",
+        "| precision | accuracy (95% CI) |",
+        "|---|---:|",
+        f"| {pa} | {acc(ka)} |",
+        f"| {pb} | {acc(kb)} |",
+        "",
+        f"right in {pa} only: {a_only}; right in {pb} only: {b_only}; exact McNemar p = "
+        f"{mcnemar_exact(a_only, b_only):.3f}; outputs identical token for token: {same}/{n}",
+    ]) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    args = ap.parse_args(argv)
+    print(compare(args.a, args.b), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
