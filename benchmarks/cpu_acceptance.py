@@ -42,7 +42,7 @@ def report(root: Path) -> tuple[str, bool]:
     cats = list(sets)
     methods = list(dict.fromkeys(m for s in sets.values() for m in s))
     hw, cfg = info.get("hardware") or {}, info.get("config", {})
-    out = [f"# Speed on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))}; {hw.get('threads', '?')} threads)",
+    out = [f"**Speed on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))}; {hw.get('threads', '?')} threads)**",
            "",
            f"Target {cfg.get('target')}, draft {cfg.get('draft')}, precision {cfg.get('dtype')}, "
            f"{cfg.get('max_new_tokens')} new tokens, greedy, cost-aware draft length: "
@@ -90,7 +90,7 @@ def report(root: Path) -> tuple[str, bool]:
             if ident:
                 checks.append((f"lossless {m} identical to ar on every prompt (lowest share {min(ident):.2f})",
                                min(ident) == 1.0))
-    out += ["", "## Checks", ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
+    out += ["", "**Checks**", ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
     return "\n".join(out) + "\n", all(ok for _, ok in checks)
 
 

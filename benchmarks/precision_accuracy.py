@@ -51,6 +51,11 @@ def compare(a_dir: Path, b_dir: Path) -> str:
     pa, pb = ca["dtype"], cb["dtype"]
     hw = next(iter(a.values())).get("hardware") or {}
 
+    def alone(r):
+        k = sum(bool(x["score"]) for x in r.values())
+        lo, hi = wilson(k, len(r))
+        return f"{k}/{len(r)} = {k / len(r):.2f} ({lo:.2f}-{hi:.2f})"
+
     def acc(k):
         lo, hi = wilson(k, n)
         return f"{k}/{n} = {k / n:.2f} ({lo:.2f}-{hi:.2f})"
@@ -66,7 +71,7 @@ def compare(a_dir: Path, b_dir: Path) -> str:
         "",
         f"right in {pa} only: {a_only}; right in {pb} only: {b_only}; exact McNemar p = "
         f"{mcnemar_exact(a_only, b_only):.3f}; outputs identical token for token: {same}/{n}",
-    ]) + "\n"
+    ] + [f"{p} on all {len(r)} problems it has scored: {alone(r)}" for p, r in ((pa, a), (pb, b)) if len(r) > n]) + "\n"
 
 
 def main(argv=None) -> int:

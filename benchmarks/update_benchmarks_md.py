@@ -76,7 +76,7 @@ def render(md: str) -> str:
 
     def cpu(m: re.Match) -> str:  # per-category speed and the acceptance checks (benchmarks/cpu_acceptance.py)
         text, _ = cpu_report(ROOT / m.group(2))
-        return m.group(1) + "\n" + text.split("\n", 2)[2].strip() + "\n\n" + m.group(4)
+        return m.group(1) + "\n" + text.strip() + "\n\n" + m.group(4)
 
     def precision(m: re.Match) -> str:  # ar in two precisions (benchmarks/precision_accuracy.py)
         return m.group(1) + "\n" + compare(ROOT / m.group(2), ROOT / m.group(3)) + "\n" + m.group(5)

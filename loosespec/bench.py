@@ -181,7 +181,7 @@ def check_config(out: Path, config: dict) -> None:
     """Write ``DIR/config.json`` on the first run; later runs must match it key for key."""
     path = out / CONFIG
     if path.exists():
-        old = {**LEGACY_CONFIG, **json.loads(path.read_text())}
+        old = {**{k: v for k, v in LEGACY_CONFIG.items() if k in config}, **json.loads(path.read_text())}
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
         if diff:
             lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)

@@ -168,10 +168,9 @@ def generate(
                               sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter),
                               sg_embedder=sg_embedder, sg_on_reject=sg_on_reject, sg_verify=sg_verify,
                               sg_max_step_tokens=sg_max_step_tokens)
+    if draft_spec is None and cfg.drafter in ("model", "mla"):  # fail before loading anything
+        raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize)
-    if not json_out:
-        p = engine.target.precision
-        print(f"loosespec: precision {p.name} ({p.reason})", file=sys.stderr)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -186,6 +185,9 @@ def generate(
     out = result.to_dict()
     if not json_out:
         sys.stdout.write("\n")
+        if engine.target.precision is not None:
+            p = engine.target.precision
+            print(f"precision: {p.name} ({p.reason})", file=sys.stderr)
         print(_summary(label, out["stats"]), file=sys.stderr)
     if compare_ar:
         ar = engine.generate(text, dataclasses.replace(cfg, method="ar", drafter=None), raw=raw)

@@ -239,6 +239,12 @@ class Generation:
         return GenerationResult(a.text, list(a.token_ids), self.finish_reason, self.stats, self.config)
 
 
+def _output_rows(model) -> int:
+    """Rows of the output embedding (the logits' width): an ``nn.Linear`` or loosespec's int8 layer."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or head.weight.shape[0])
+
+
 class Engine:
     """Target (and optional draft) model, loaded once, serving any method and drafter.
 
@@ -287,7 +293,7 @@ class Engine:
         loaded, lm = (self.target, self.target_lm) if role == "target" else (self.draft, self.draft_lm)
         key = (role, max_n)
         if key not in self._costs:
-            say = (lambda m: print(m, file=sys.stderr)) if getattr(self, "progress", False) else None
+            say = (lambda m: print(m, file=sys.stderr)) if self.progress else None
             self._costs[key] = cost_curve(loaded, lm, max_n, progress=say)
         return self._costs[key]
 
@@ -377,8 +383,8 @@ class Engine:
         """The vocabulary draft and target share (built on first use; a draft of another tokenizer only)."""
         if self._intersection is None:
             self._intersection = VocabIntersection.between(self.tokenizer, self.draft.tokenizer,
-                                                           self.target.model.get_output_embeddings().weight.shape[0],
-                                                           self.draft.model.get_output_embeddings().weight.shape[0])
+                                                           _output_rows(self.target.model),
+                                                           _output_rows(self.draft.model))
             if len(self._intersection) == 0:
                 raise LoosespecError(f"draft '{self.draft.name}' and target '{self.target.name}' share no token: "
                                      "rejection sampling across them is impossible; use --temperature 0 or "

@@ -152,7 +152,7 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
         return Precision("bfloat16", "none", f"CPU has bfloat16 arithmetic ({flags})")
     if quantize == "auto" and engine is not None:
         return Precision("float32", "int8",
-                         "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): a bf16 forward over 16 tokens "
-                         "costs ~11x one token there; int8 weights with per-token int8 activations keep the "
-                         "verify forward cheap")
+                         "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): bf16 is emulated there and a "
+                         "verify forward costs many 1-token forwards; int8 weights with per-token int8 activations "
+                         "keep it cheap (loosespec models cost measures it)")
     return Precision("float32", "none", "CPU has no bfloat16 arithmetic and no int8 engine requested or available")

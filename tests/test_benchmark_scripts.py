@@ -65,3 +65,7 @@ def test_precision_compare(tmp_path):
     assert "| int8 | 3/4 = 0.75" in text and "| float32 | 1/4 = 0.25" in text
     assert "right in int8 only: 2; right in float32 only: 0" in text
     assert "identical token for token: 3/4" in text
+    assert "on all" not in text  # both sides have the same problems
+    (tmp_path / "a" / "results.jsonl").open("a").write(json.dumps(
+        {"question_id": "q9", "method": "ar", "score": False, "token_ids": [9], "new_tokens": 8, "wall_time": 1.0}) + "\n")
+    assert "int8 on all 5 problems it has scored: 3/5 = 0.60" in compare(tmp_path / "a", tmp_path / "b")
