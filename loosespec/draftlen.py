@@ -18,6 +18,8 @@ never *chooses* to be slower than ``ar``: where no k pays, it verifies none.
 
 The estimate lives with the drafter (:class:`CostAwareDrafter`), which learns each round's
 outcome through ``feedback(drafted, accepted)`` (as transformers' ``update_candidate_strategy``).
+A drafter with levels (MLA: the free n-gram lookup, then the draft model) keeps one estimate per
+level and each round picks the level and the length together, or no draft.
 Counts decay by ``decay`` per round, towards the prior, so a drafter that stopped paying is
 tried again after a while: that exploration is the only time the policy drafts where its current
 estimate says it does not pay.
@@ -32,7 +34,7 @@ would not; FLy with k <= W cannot defer at all, which the estimate learns as low
 
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
@@ -81,7 +83,7 @@ class AcceptanceEstimate:
 
 
 class DraftLengthPolicy:
-    """Chooses each round's draft length from the cost curves and the acceptance estimate."""
+    """Chooses a draft length from the cost curves and the acceptance estimate."""
 
     def __init__(self, target_cost: CostCurve, draft_token_cost: float, max_k: int,
                  estimate: AcceptanceEstimate | None = None, draft_cost_decay: float = 0.8):
@@ -90,25 +92,22 @@ class DraftLengthPolicy:
         self.max_k = max_k
         self.estimate = estimate or AcceptanceEstimate(max_k)
         self.draft_cost_decay = draft_cost_decay
-        self.histogram: Counter[int] = Counter()
 
     def expected_rate(self, k: int) -> float:
         """Expected committed tokens per second of a round drafting k."""
         return self.estimate.expected_tokens(k) / (k * self.draft_token_cost + self.target_cost(k + 1))
 
     def best(self, k_cap: int) -> tuple[int, float]:
-        """The draft length in 0..k_cap with the highest expected rate, and that rate."""
+        """The draft length in 0..k_cap with the highest expected rate, and that rate (one pass over k)."""
         best_k, best = 0, self.expected_rate(0)
+        tokens, reach = 1.0, 1.0
         for k in range(1, min(k_cap, self.max_k) + 1):
-            r = self.expected_rate(k)
+            reach *= self.estimate.rate(k - 1)
+            tokens += reach  # E(k), built up position by position
+            r = tokens / (k * self.draft_token_cost + self.target_cost(k + 1))
             if r > best:
                 best_k, best = k, r
         return best_k, best
-
-    def choose(self, k_cap: int) -> int:
-        k = self.best(k_cap)[0]
-        self.histogram[k] += 1
-        return k
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
         """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted."""
@@ -118,86 +117,60 @@ class DraftLengthPolicy:
             self.draft_token_cost = a * self.draft_token_cost + (1 - a) * draft_seconds / drafted
 
 
+@dataclass
+class Level:
+    """One way of drafting: its drafter, its own policy, and the draft model's
+    :class:`~loosespec.kv.CachedLM` whose ``modelled_s`` prices it (None: free, e.g. n-gram lookup)."""
+
+    name: str  # "lookup" | "model"; the round's level is counted as ``rounds_<name>`` (or ``rounds_none``)
+    drafter: object
+    policy: DraftLengthPolicy
+    lm: object | None = None
+
+
 class CostAwareDrafter:
-    """Wraps a drafter: asks it for the policy's k each round and learns from the outcome.
+    """Wraps one or more drafting levels: each round drafts the level and length that pay best, or nothing.
 
-    ``draft_lm``: the draft model's :class:`~loosespec.kv.CachedLM` (None for n-gram lookup), whose
-    ``modelled_s`` (its forwards priced by its cost curve) gives the draft's cost per round.
+    A free level (no ``lm``) proposes first and is judged up to its proposal's length; a costly level
+    (the draft model) proposes only when chosen. The level not used this round learns nothing and its
+    evidence fades, so it is tried again later. With MLA's two levels, where lookup finds long copies
+    (summaries, edits of code in the prompt) the draft model is not run at all.
     """
 
-    def __init__(self, inner, policy: DraftLengthPolicy, draft_lm=None):
-        self.inner = inner
-        self.name = inner.name
-        self.policy = policy
-        self.draft_lm = draft_lm
+    def __init__(self, levels: list[Level]):
+        self.levels = levels
+        self.name = levels[-1].drafter.name
+        self.level: Level | None = None
         self.last_choice: int | None = None
-        self._draft_s: float | None = None
-
-    def propose(self, seq: torch.Tensor, k: int) -> Draft:
-        k = self.policy.choose(k)
-        self.last_choice = k
-        if k == 0:
-            self._draft_s = None
-            return EMPTY_DRAFT
-        before = self.draft_lm.modelled_s if self.draft_lm is not None else 0.0
-        draft = self.inner.propose(seq, k)
-        self._draft_s = (self.draft_lm.modelled_s - before) if self.draft_lm is not None else 0.0
-        return draft
-
-    def feedback(self, drafted: int, accepted: int) -> None:
-        self.policy.observe(drafted, accepted, self._draft_s)
-
-
-class LeveledDrafter:
-    """FLy's multi-level drafter with a cost-aware choice of level each round.
-
-    The n-gram lookup proposal is free; the draft model (MLA: itself sped up by lookup) costs
-    forwards. Each round compares three options by expected committed tokens per second: the lookup
-    proposal alone (up to its length), the draft model's proposal (up to K), and no draft. Each
-    level keeps its own acceptance estimate (lookup proposals are right or wrong in long runs; the
-    draft model's acceptance is steadier), and the level not used decays towards its prior so that
-    it is tried again. Where lookup finds long copies (summaries, edits of code in the prompt) the
-    draft model is not run at all.
-    """
-
-    def __init__(self, lookup, model, lookup_policy: DraftLengthPolicy, model_policy: DraftLengthPolicy, draft_lm):
-        self.lookup = lookup
-        self.model = model
-        self.name = model.name
-        self.policies = {"lookup": lookup_policy, "model": model_policy}
-        self.draft_lm = draft_lm
-        self.last_choice: int | None = None
-        self.level: str | None = None
         self.round_events: dict[str, int] = {}
         self._draft_s: float | None = None
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
-        proposal = self.lookup.propose(seq, k)
-        options = [("none", 0, self.policies["model"].expected_rate(0))]
-        if len(proposal):
-            ka, ra = self.policies["lookup"].best(len(proposal))
-            options.append(("lookup", ka, ra))
-        kb, rb = self.policies["model"].best(k)
-        options.append(("model", kb, rb))
-        level, chosen, _ = max(options, key=lambda o: o[2])  # ties keep the cheaper, earlier option
+        options = [(None, 0, self.levels[0].policy.expected_rate(0), None)]  # no draft: a plain target step
+        for level in self.levels:
+            proposal = None
+            if level.lm is None:
+                proposal = level.drafter.propose(seq, k)
+                if not len(proposal):
+                    continue
+            options.append((level, *level.policy.best(len(proposal) if proposal is not None else k), proposal))
+        level, chosen, _, proposal = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
         if chosen == 0:
-            level = "none"
-        self.level, self.last_choice = level, chosen
-        self.round_events = {f"rounds_{level}": 1}
-        self._draft_s = 0.0
-        if level == "none":
+            level = None
+        self.level, self.last_choice, self._draft_s = level, chosen, None
+        self.round_events = {f"rounds_{level.name if level else 'none'}": 1}
+        if level is None:
             return EMPTY_DRAFT
-        if level == "lookup":
-            return Draft(proposal.tokens[:chosen])
-        before = self.draft_lm.modelled_s
-        draft = self.model.propose(seq, chosen)
-        self._draft_s = self.draft_lm.modelled_s - before
+        if proposal is not None:
+            return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen])
+        before = level.lm.modelled_s
+        draft = level.drafter.propose(seq, chosen)
+        self._draft_s = level.lm.modelled_s - before
         return draft
 
     def feedback(self, drafted: int, accepted: int) -> None:
-        for level, policy in self.policies.items():
-            if level == self.level:
-                policy.observe(drafted, accepted, self._draft_s if level == "model" else None)
-                policy.histogram[self.last_choice] += 1
+        for level in self.levels:
+            if level is self.level:
+                level.policy.observe(drafted, accepted, self._draft_s)
             else:
-                policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again
+                level.policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again

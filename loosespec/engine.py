@@ -123,7 +123,7 @@ def decode(
         level = None
         if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
             drafter.feedback(len(draft), verdict.num_accepted)
-            level = getattr(drafter, "round_events", None)  # the drafting level the round used (LeveledDrafter)
+            level = getattr(drafter, "round_events", None)  # the drafting level the round used (draftlen)
         # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
         tokens = verdict.tokens.tolist()
         end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
@@ -353,21 +353,21 @@ class Engine:
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""
-        from .draftlen import CostAwareDrafter, DraftLengthPolicy, LeveledDrafter
+        from .draftlen import CostAwareDrafter, DraftLengthPolicy, Level
 
         # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
-        self.target_lm.cost = target_cost
         k = cfg.num_draft_tokens
         if cfg.drafter == "ngram":
-            return CostAwareDrafter(drafter, DraftLengthPolicy(target_cost, 0.0, k))
+            return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k))])
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
-        model_policy = DraftLengthPolicy(target_cost, draft_lm.cost(1), k)  # a forward per token until measured
-        if cfg.drafter == "mla" and self.bridge is None:
+        # a forward per drafted token until the first rounds say otherwise
+        model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k), draft_lm)
+        if cfg.drafter == "mla" and self.bridge is None:  # MLA's levels: the lookup alone, or the draft model
             lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
-            return LeveledDrafter(lookup, drafter, DraftLengthPolicy(target_cost, 0.0, k), model_policy, draft_lm)
-        return CostAwareDrafter(drafter, model_policy, draft_lm)
+            return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k)), model])
+        return CostAwareDrafter([model])
 
     def _draft_side_stops(self) -> frozenset[int]:
         """End tokens in the ids the draft model works in (its own across tokenizers)."""

@@ -8,9 +8,10 @@ from one day to the next, so the choice is made at run time from what the machin
 - Apple MPS: float16;
 - a CPU with bfloat16 arithmetic (``amx_bf16`` or ``avx512_bf16`` in its flags): bfloat16;
 - any other x86 CPU: int8 weights (per output channel) with int8 activations scaled per token
-  (:mod:`loosespec.quant`), the non-linear parts in float32. Measured on a 2-core AVX2 EPYC, a
-  16-token forward of Qwen2.5-Coder-1.5B costs 11.3x a 1-token forward in bfloat16 and about
-  2.5x in int8 (``docs/cpu-precision.md``, ``loosespec models cost``);
+  (:mod:`loosespec.quant`), the non-linear parts in float32. For Qwen2.5-Coder-1.5B a 16-token
+  forward cost 8.5x a 1-token forward in bfloat16 on a 2-core AVX2 EPYC (``results/rule_cost.txt``)
+  and 1.74x in int8 on a 2-core AVX-512 Xeon without bf16 (``results/bench/cpu/cost_target.json``);
+  ``loosespec models cost`` measures it on yours;
 - a CPU without an int8 engine in torch (neither ``fbgemm`` nor ``x86``): float32.
 
 :class:`Precision` records what was chosen and why; it travels into ``--json``'s ``config``, the

@@ -1,8 +1,8 @@
 """int8 Linear layers whose result for a token does not depend on the other tokens in the forward.
 
-Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens costs 11x a 1-token
-forward in bfloat16 (``docs/cpu-precision.md``); with torch's fbgemm int8 kernels it costs about
-2.5x, which is what makes speculation pay there. But fbgemm's dynamic quantization takes ONE
+Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens cost 8.5x a 1-token
+forward in bfloat16 (``results/rule_cost.txt``); with torch's fbgemm int8 kernels 1.74x
+(``results/bench/cpu/cost_target.json``), which is what makes speculation pay there. But fbgemm's dynamic quantization takes ONE
 activation scale for the whole batch: a token verified inside a 16-token forward is quantized
 differently from the same token decoded alone, and lossless methods stop equalling ``ar``.
 
@@ -115,15 +115,16 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
                                       is_causal=is_causal, **kwargs)
     gqa = query.shape[1] != key.shape[1]
     total = key.shape[2]
+    if attention_mask is not None:  # the plain causal mask (the usual case) is what the slicing below already does
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        pos = torch.arange(total, device=allowed.device)
+        causal = pos[None, :] <= (total - n + torch.arange(n, device=allowed.device))[:, None]  # [n, total]
+        if allowed.shape[-2:] == causal.shape and bool((allowed == causal).all()):
+            attention_mask = None
     rows = []
     for i in range(n):
         kv = total - n + i + 1
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask[:, :, i:i + 1, :kv]
-            allowed = mask if mask.dtype == torch.bool else mask == 0
-            if bool(allowed.all()):
-                mask = None
+        mask = None if attention_mask is None else attention_mask[:, :, i:i + 1, :kv]
         rows.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, i:i + 1], key[:, :, :kv], value[:, :, :kv], attn_mask=mask, scale=scaling,
             enable_gqa=gqa))

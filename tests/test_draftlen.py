@@ -40,23 +40,21 @@ def test_update_counts_only_reached_positions():
 
 
 def test_flat_curve_and_good_acceptance_drafts_everything():
-    assert DraftLengthPolicy(FLAT, 0.0, K, trained(0.8)).choose(K) == K
+    assert DraftLengthPolicy(FLAT, 0.0, K, trained(0.8)).best(K)[0] == K
 
 
 def test_steep_curve_with_low_acceptance_drafts_nothing():
-    policy = DraftLengthPolicy(STEEP, 0.0, K, trained(0.3))
-    assert policy.choose(K) == 0
-    assert policy.histogram == {0: 1}
+    assert DraftLengthPolicy(STEEP, 0.0, K, trained(0.3)).best(K)[0] == 0
 
 
 def test_draft_cost_shortens_the_draft():
-    free = DraftLengthPolicy(INT8, 0.0, K, trained(0.7)).choose(K)
-    costly = DraftLengthPolicy(INT8, 0.040, K, trained(0.7)).choose(K)  # each draft token 40% of a target step
+    free = DraftLengthPolicy(INT8, 0.0, K, trained(0.7)).best(K)[0]
+    costly = DraftLengthPolicy(INT8, 0.040, K, trained(0.7)).best(K)[0]  # each draft token 40% of a target step
     assert 0 < costly < free
 
 
 def test_cap_is_respected():
-    assert DraftLengthPolicy(FLAT, 0.0, K, trained(0.9)).choose(3) == 3
+    assert DraftLengthPolicy(FLAT, 0.0, K, trained(0.9)).best(3)[0] == 3
 
 
 @pytest.mark.parametrize("curve", [FLAT, STEEP, INT8])
@@ -64,7 +62,8 @@ def test_cap_is_respected():
 @pytest.mark.parametrize("draft_cost", [0.0, 0.02, 0.08])
 def test_never_chooses_below_autoregressive_rate(curve, rate, draft_cost):
     policy = DraftLengthPolicy(curve, draft_cost, K, trained(rate))
-    k = policy.choose(K)
+    k, rate = policy.best(K)
+    assert rate == pytest.approx(policy.expected_rate(k))  # the one-pass E(k) equals the direct one
     assert policy.expected_rate(k) >= policy.expected_rate(0) == pytest.approx(1 / curve(1))
     assert all(policy.expected_rate(k) >= policy.expected_rate(j) for j in range(K + 1))
 
@@ -75,10 +74,10 @@ def test_forgetting_brings_drafting_back():
     policy = DraftLengthPolicy(mid, 0.0, K, AcceptanceEstimate(K, decay=0.9))
     for _ in range(30):
         policy.observe(K, 0)
-    assert policy.choose(K) == 0
+    assert policy.best(K)[0] == 0
     for _ in range(60):  # rounds that drafted nothing carry no evidence, and the old evidence fades
         policy.observe(0, 0)
-    assert policy.choose(K) > 0
+    assert policy.best(K)[0] > 0
 
 
 def test_observe_learns_draft_token_cost():
@@ -132,3 +131,37 @@ def test_adaptive_steep_curve_falls_back_to_plain_steps(tiny_engine):
     r = tiny_engine.generate(prompt, cfg, raw=True)
     assert r.stats.drafted_tokens == 0 and r.stats.draft_forwards == 0
     assert r.stats.to_dict()["draft_length_histogram"] == {"0": r.stats.rounds}
+
+
+class FakeDrafter:
+    def __init__(self, name, tokens, lm=None, cost_per_token=0.0):
+        self.name, self.tokens, self.lm, self.cost, self.calls = name, tokens, lm, cost_per_token, 0
+
+    def propose(self, seq, k):
+        self.calls += 1
+        if self.lm is not None:
+            self.lm.modelled_s += self.cost * min(k, len(self.tokens))
+        from loosespec.drafters.base import Draft
+        return Draft(torch.tensor(self.tokens[:k], dtype=torch.long))
+
+
+def test_levels_pick_free_lookup_over_the_draft_model_and_learn_per_level():
+    from types import SimpleNamespace
+
+    from loosespec.draftlen import CostAwareDrafter, Level
+
+    lm = SimpleNamespace(modelled_s=0.0)
+    lookup = FakeDrafter("ngram", list(range(8)))
+    model = FakeDrafter("mla", list(range(15)), lm, cost_per_token=0.04)
+    d = CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(INT8, 0.0, K)),
+                          Level("model", model, DraftLengthPolicy(INT8, 0.04, K), lm)])
+    draft = d.propose(torch.tensor([1, 2, 3]), K)
+    assert d.round_events == {"rounds_lookup": 1} and len(draft) == d.last_choice > 0
+    assert model.calls == 0  # the costly level never ran
+    d.feedback(len(draft), len(draft))
+    lookup.tokens = []  # no lookup match: the draft model drafts, and its modelled cost is learnt
+    draft = d.propose(torch.tensor([1, 2, 3]), K)
+    assert d.round_events == {"rounds_model": 1} and model.calls == 1
+    d.feedback(len(draft), 0)
+    assert d.levels[1].policy.estimate.trials[0] > 0 and d.levels[1].policy.estimate.hits[0] == 0
+    assert d.levels[1].policy.draft_token_cost == pytest.approx(0.04)
