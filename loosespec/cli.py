@@ -442,6 +442,8 @@ def serve(
                                + _METHOD_HELP),
     drafter: Optional[str] = typer.Option(None, help="Default drafter (with the default method). " + _DRAFTER_HELP),
     num_draft_tokens: Optional[int] = typer.Option(None, help="Default draft tokens per round (K), with the default method."),
+    adaptive_draft_length: bool = typer.Option(_default("adaptive_draft_length"),
+                                               "--adaptive-draft-length/--fixed-draft-length", help=_ADAPTIVE_HELP),
     temperature: float = typer.Option(_default("temperature"), help="Default temperature when a request sends none; 0 = greedy."),
     top_p: float = typer.Option(_default("top_p")),
     top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
@@ -511,7 +513,8 @@ def serve(
                            served_model_name or target, vllm_bin)
     if engine_name != "transformers":
         raise LoosespecError(f"--engine must be transformers or vllm, got {engine_name!r}")
-    defaults = dict(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, temperature=temperature,
+    defaults = dict(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens,
+                    adaptive_draft_length=adaptive_draft_length, temperature=temperature,
                     top_p=top_p, top_k=top_k, seed=seed, fly_window_size=fly_window_size,
                     fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
                     fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,

@@ -122,6 +122,7 @@ class SpecFields(_Base):
     method: Optional[str] = None
     drafter: Optional[str] = None
     num_draft_tokens: Optional[int] = Field(None, ge=1, le=MAX_NUM_DRAFT_TOKENS)
+    adaptive_draft_length: Optional[bool] = None
     seed: Optional[int] = Field(None, ge=0, le=2**63 - 1)
     top_k: Optional[int] = Field(None, ge=-1, le=1_000_000)
     fly_window_size: Optional[int] = Field(None, ge=1, le=1024)
