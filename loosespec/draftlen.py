@@ -24,6 +24,13 @@ Counts decay by ``decay`` per round, towards the prior, so a drafter that stoppe
 tried again after a while: that exploration is the only time the policy drafts where its current
 estimate says it does not pay.
 
+The prior is hierarchical: position 1's prior is ``prior_mean``, and each later position's is the
+estimate for the position before it, so a position never reached yet is judged by the evidence
+that is there, not by an optimistic constant (a lookup whose first token is rarely right does not
+keep drafting ten). A draft model's first rounds cost real time, so its level starts from a lower
+``prior_mean`` (:data:`MODEL_PRIOR_MEAN`) than free lookup: a new draft model is tried at a short
+length and drafts further only as the evidence says it pays.
+
 Everything the choice depends on is deterministic given the cached cost curves (modelled costs,
 not wall-clock time), so a run reproduces its draft lengths, and a lossy method's output, exactly.
 
@@ -43,7 +50,11 @@ from .drafters.base import EMPTY_DRAFT, Draft
 
 # Optimistic before any evidence (a new drafter is tried), worth one round of evidence: a drafter that
 # does not pay is dropped after a round or two, and one that does is kept.
-PRIOR_MEAN = 0.9  # conditional acceptance before any evidence
+PRIOR_MEAN = 0.9  # conditional acceptance of position 1 before any evidence (free n-gram lookup)
+# A draft model: with the committed int8 curves (results/bench/cpu/cost_*.json, draft token ~0.4 of a
+# target step) 0.9 made the first round draft all 15 tokens, ~0.9 s for about one token on prompts where
+# the draft disagrees at once (translation); 0.7 makes the first try 2 tokens long.
+MODEL_PRIOR_MEAN = 0.7
 PRIOR_WEIGHT = 1.0  # in rounds
 DECAY = 0.97  # per round: evidence older than ~30 rounds fades towards the prior
 
@@ -60,9 +71,17 @@ class AcceptanceEstimate:
         self.hits = [0.0] * max_k  # position i (0-based) accepted, having been reached
         self.trials = [0.0] * max_k  # position i drafted and reached (every earlier position accepted)
 
+    def rates(self, k: int | None = None) -> list[float]:
+        """``a_1 .. a_k`` in one pass, each position's prior the estimate for the position before it."""
+        out, prior = [], self.prior_mean
+        for i in range(min(self.max_k if k is None else k, self.max_k)):
+            prior = (self.hits[i] + prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
+            out.append(prior)
+        return out
+
     def rate(self, i: int) -> float:
         """``a_{i+1}``: P(position i accepted | positions 0..i-1 accepted), 0-based i."""
-        return (self.hits[i] + self.prior_mean * self.prior_weight) / (self.trials[i] + self.prior_weight)
+        return self.rates(i + 1)[i]
 
     def update(self, drafted: int, accepted: int) -> None:
         """One round's outcome: ``accepted`` of ``drafted`` draft tokens kept (a prefix)."""
@@ -76,8 +95,8 @@ class AcceptanceEstimate:
     def expected_tokens(self, k: int) -> float:
         """``E(k)``: committed tokens expected from a round drafting k (bonus or correction included)."""
         total, reach = 1.0, 1.0
-        for i in range(min(k, self.max_k)):
-            reach *= self.rate(i)
+        for a in self.rates(k):
+            reach *= a
             total += reach
         return total
 
@@ -101,8 +120,8 @@ class DraftLengthPolicy:
         """The draft length in 0..k_cap with the highest expected rate, and that rate (one pass over k)."""
         best_k, best = 0, self.expected_rate(0)
         tokens, reach = 1.0, 1.0
-        for k in range(1, min(k_cap, self.max_k) + 1):
-            reach *= self.estimate.rate(k - 1)
+        for k, a in enumerate(self.estimate.rates(k_cap), start=1):
+            reach *= a
             tokens += reach  # E(k), built up position by position
             r = tokens / (k * self.draft_token_cost + self.target_cost(k + 1))
             if r > best:

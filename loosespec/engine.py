@@ -353,7 +353,7 @@ class Engine:
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""
-        from .draftlen import CostAwareDrafter, DraftLengthPolicy, Level
+        from .draftlen import MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter, DraftLengthPolicy, Level
 
         # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
@@ -363,7 +363,8 @@ class Engine:
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
         # a forward per drafted token until the first rounds say otherwise
-        model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k), draft_lm)
+        model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
+                                                          AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN)), draft_lm)
         if cfg.drafter == "mla" and self.bridge is None:  # MLA's levels: the lookup alone, or the draft model
             lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
             return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k)), model])

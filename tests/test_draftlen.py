@@ -39,6 +39,31 @@ def test_update_counts_only_reached_positions():
     assert est.trials == [1, 1, 1, 0, 0] and est.hits == [1, 1, 0, 0, 0]
 
 
+def test_unreached_positions_follow_the_evidence_before_them():
+    """A lookup whose first token keeps missing is not judged deeper on the optimistic prior."""
+    est = AcceptanceEstimate(K, decay=1.0)
+    for _ in range(20):
+        est.update(drafted=10, accepted=0)  # position 0 missed; positions 1.. never reached
+    assert est.trials[1:] == [0.0] * (K - 1)
+    assert est.rate(0) < 0.05 and est.rate(K - 1) == pytest.approx(est.rate(0))
+    # a flat 0.9 prior at positions 2..10 would have made E(10) ~ 1.3 and drafted all 10
+    assert est.expected_tokens(10) < 1.06
+    assert DraftLengthPolicy(INT8, 0.0, K, est).best(10)[0] == 0
+
+
+def test_a_new_draft_model_is_tried_short():
+    """The first round of a costly level drafts a few tokens, not K; good evidence then lengthens it."""
+    from loosespec.draftlen import MODEL_PRIOR_MEAN
+
+    policy = DraftLengthPolicy(INT8, 0.040, K, AcceptanceEstimate(K, prior_mean=MODEL_PRIOR_MEAN))
+    first = policy.best(K)[0]
+    assert 1 <= first <= 3
+    for _ in range(20):
+        k = policy.best(K)[0]
+        policy.observe(k, k, draft_seconds=0.040 * k)  # every drafted token accepted
+    assert policy.best(K)[0] > first
+
+
 def test_flat_curve_and_good_acceptance_drafts_everything():
     assert DraftLengthPolicy(FLAT, 0.0, K, trained(0.8)).best(K)[0] == K
 
