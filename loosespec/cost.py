@@ -2,7 +2,7 @@
 
 Speculation pays where verifying k + 1 tokens in one forward costs little more than one token,
 and how much more depends on the model, its precision, the device and the CPU (a bf16 16-token
-forward cost 8.5x a 1-token forward on an AVX2 CPU, ``results/rule_cost.txt``; 1.74x in int8 on an
+forward cost 8.5x a 1-token forward on an AVX2 CPU, ``results/rule_cost.txt``; 2.15x in int8 on an
 AVX-512 CPU, ``results/bench/cpu/cost_target.json``). So the
 curve is measured, not assumed: on first use per (model, precision, device, CPU model, threads,
 torch version), over a cached context of ``CONTEXT`` tokens, a few seconds, and cached as JSON in

@@ -10,7 +10,7 @@ from one day to the next, so the choice is made at run time from what the machin
 - any other x86 CPU: int8 weights (per output channel) with int8 activations scaled per token
   (:mod:`loosespec.quant`), the non-linear parts in float32. For Qwen2.5-Coder-1.5B a 16-token
   forward cost 8.5x a 1-token forward in bfloat16 on a 2-core AVX2 EPYC (``results/rule_cost.txt``)
-  and 1.74x in int8 on a 2-core AVX-512 Xeon without bf16 (``results/bench/cpu/cost_target.json``);
+  and 2.15x in int8 on a 2-core AVX-512 Xeon without bf16 (``results/bench/cpu/cost_target.json``);
   ``loosespec models cost`` measures it on yours;
 - a CPU without an int8 engine in torch (neither ``fbgemm`` nor ``x86``): float32.
 

@@ -1,7 +1,7 @@
 """int8 Linear layers whose result for a token does not depend on the other tokens in the forward.
 
 Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens cost 8.5x a 1-token
-forward in bfloat16 (``results/rule_cost.txt``); with torch's fbgemm int8 kernels 1.74x
+forward in bfloat16 (``results/rule_cost.txt``); with torch's fbgemm int8 kernels 2.15x
 (``results/bench/cpu/cost_target.json``), which is what makes speculation pay there. But fbgemm's dynamic quantization takes ONE
 activation scale for the whole batch: a token verified inside a 16-token forward is quantized
 differently from the same token decoded alone, and lossless methods stop equalling ``ar``.
