@@ -52,27 +52,67 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import DRAFTERS, DecodeConfig
+from .config import DRAFTERS, DecodeConfig, knob_default
 from .errors import LoosespecError
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 
-LOOSESPEC_METHODS = ("exact", "rejection", "fly")
 HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
 SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
                      "specguard-fly": {"sg_verify": "fly"}}
+STEP_PRESETS = {"specguard": SPECGUARD_PRESETS}  # a step-level method's bench names and their settings
 WARMUP_TOKENS = 32  # 8 left transformers' assisted generation paying its one-off set-up in the first timed run
 WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a long prefill would only cost time)
 
 
-def all_method_names() -> list[str]:
-    from .peers import LLAMACPP_METHODS
-    from .vllm.runner import VLLM_METHODS
+@dataclass(frozen=True)
+class BenchMethod:
+    """One name ``loosespec bench --methods`` takes: a loosespec method with its drafter (or a SpecGuard
+    preset), or a peer. Lossiness comes from the method registry (loosespec.methods), never from the name."""
 
-    names = ["ar"] + [f"{m}-{d}" for m in LOOSESPEC_METHODS for d in DRAFTERS]
-    return names + list(SPECGUARD_PRESETS) + list(HF_GENERATION_KWARGS) + list(LLAMACPP_METHODS) + list(VLLM_METHODS)
+    name: str
+    kind: str  # "loosespec" | "hf" | "llamacpp" | "vllm"
+    lossy: bool
+    needs_draft: bool  # loosespec's engine must load the draft model for it
+    method: str | None = None  # the loosespec method
+    drafter: str | None = None
+    overrides: dict = field(default_factory=dict)  # DecodeConfig keywords of a preset
+
+
+_BENCH_METHODS: dict[str, BenchMethod] = {}
+
+
+def bench_methods() -> dict[str, BenchMethod]:
+    """Every bench method name: the registry's token-level methods x drafters, SpecGuard's presets, the peers."""
+    if not _BENCH_METHODS:
+        from .methods import METHODS
+        from .peers import LLAMACPP_METHODS
+        from .vllm.runner import VLLM_METHODS
+
+        out = {"ar": BenchMethod("ar", "loosespec", METHODS["ar"].lossy, False, "ar")}
+        for m in METHODS.values():
+            if m.name != "ar" and not m.step_level:
+                for d in DRAFTERS:
+                    out[f"{m.name}-{d}"] = BenchMethod(f"{m.name}-{d}", "loosespec", m.lossy, d in ("model", "mla"),
+                                                       m.name, d)
+            elif m.step_level:
+                for name, overrides in STEP_PRESETS[m.name].items():
+                    out[name] = BenchMethod(name, "loosespec", m.lossy, True, m.name, None, overrides)
+        for name in HF_GENERATION_KWARGS:
+            out[name] = BenchMethod(name, "hf", False, name == "hf-assist")
+        for name in LLAMACPP_METHODS:
+            out[name] = BenchMethod(name, "llamacpp", False, False)
+        for name in VLLM_METHODS:  # vLLM's FLy runs loosespec's rule in vLLM: FLy's lossiness
+            out[name] = BenchMethod(name, "vllm", METHODS["fly"].lossy if name.startswith("vllm-fly") else False,
+                                    False)
+        _BENCH_METHODS.update(out)
+    return _BENCH_METHODS
+
+
+def all_method_names() -> list[str]:
+    return list(bench_methods())
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
@@ -88,11 +128,11 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
 
 
 def needs_draft_model(method: str) -> bool:
-    return method.endswith(("-model", "-mla")) or method in SPECGUARD_PRESETS or method == "hf-assist"
+    return bench_methods()[method].needs_draft
 
 
 def is_lossy(method: str) -> bool:
-    return method.startswith(("fly-", "vllm-fly")) or method in SPECGUARD_PRESETS
+    return bench_methods()[method].lossy
 
 
 def baseline_of(method: str, methods: Sequence[str]) -> str:
@@ -104,18 +144,19 @@ def baseline_of(method: str, methods: Sequence[str]) -> str:
 
 
 def method_config(method: str, *, max_new_tokens: int, temperature: float, seed: int, has_draft: bool,
-                  sg_tau: float | None = None, top_p: float = 1.0, top_k: int = 0,
-                  adaptive_draft_length: bool = True) -> DecodeConfig | None:
+                  sg_tau: float | None = None, top_p: float = knob_default("top_p"),
+                  top_k: int = knob_default("top_k"),
+                  adaptive_draft_length: bool = knob_default("adaptive_draft_length")) -> DecodeConfig | None:
     """The DecodeConfig of a loosespec method (None for the transformers, llama.cpp and vLLM peers)."""
-    if method in HF_GENERATION_KWARGS or method.startswith(("vllm-", "llamacpp-")):
+    spec = bench_methods().get(method)
+    if spec is None:
+        raise LoosespecError(f"unknown method '{method}'; choose from: {', '.join(bench_methods())}")
+    if spec.kind != "loosespec":
         return None
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                   has_draft_model=has_draft, adaptive_draft_length=adaptive_draft_length)
-    if method in SPECGUARD_PRESETS:
-        tau = {} if sg_tau is None else {"sg_tau": sg_tau}
-        return DecodeConfig.create("specguard", None, **common, **SPECGUARD_PRESETS[method], **tau)
-    name, _, drafter = method.partition("-")
-    return DecodeConfig.create(name, drafter or None, **common)
+    tau = {} if sg_tau is None or spec.method != "specguard" else {"sg_tau": sg_tau}
+    return DecodeConfig.create(spec.method, spec.drafter, **common, **spec.overrides, **tau)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +265,7 @@ class Outcome:
 
 
 def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: float, seed: int,
-                top_p: float = 1.0, top_k: int = 0) -> Outcome:
+                top_p: float = knob_default("top_p"), top_k: int = knob_default("top_k")) -> Outcome:
     """transformers' own ``generate`` on the same loaded model(s) and prompt ids."""
     import torch
     from transformers import GenerationConfig
@@ -482,7 +523,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
 
 
-def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000, seed: int = 0) -> tuple | None:
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000,
+                    seed: int = 0) -> tuple | None:  # the resampling's seed (not a knob)
     """95% percentile bootstrap interval of sum(num)/sum(den), resampling paired items."""
     n = len(num)
     if n < 2:
@@ -621,7 +663,8 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
-    """speedup_by_category.png, recovery_vs_speedup.png (scored sets), accepted_lengths.png."""
+    """speedup_by_category.png, recovery_vs_speedup.png (scored sets), accepted_lengths.png,
+    acceptance_by_position.png (pooled over prompts: rounds accepting draft position i / rounds drafting it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -634,8 +677,15 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 3), 4))
         width = 0.8 / len(methods)
         for i, m in enumerate(methods):
-            ys = [summary["categories"][c].get(m, {}).get("speedup") or 0 for c in cats]
-            ax.bar([j + i * width for j in range(len(cats))], ys, width, label=m + (" (lossy)" if is_lossy(m) else ""))
+            ys = [summary["categories"][c].get(m, {}).get("speedup") for c in cats]
+            xs = [j + i * width for j in range(len(cats))]
+            # a method that did not run in a category has no bar (and says so), never a bar of height 0
+            ax.bar(xs, [math.nan if y is None else y for y in ys], width,
+                   label=m + (" (lossy)" if is_lossy(m) else ""))
+            for x, y in zip(xs, ys):
+                if y is None:
+                    ax.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=6,
+                            transform=ax.get_xaxis_transform())
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20, ha="right")
         ax.set_ylabel("speedup over ar (wall time)")
@@ -668,7 +718,35 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_title("Accepted lengths per method")
         ax.legend(fontsize=7)
         paths.append(_save(plt, fig, out / "accepted_lengths.png"))
+    per_pos = acceptance_by_position(rows)
+    if per_pos:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m, rates in per_pos.items():
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", ms=3, label=m + (" (lossy)" if is_lossy(m) else ""))
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance (rounds accepting it / rounds drafting it)")
+        ax.set_ylim(0, 1.02)
+        ax.set_title("Acceptance by draft position")
+        ax.legend(fontsize=7)
+        paths.append(_save(plt, fig, out / "acceptance_by_position.png"))
     return paths
+
+
+def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
+    """Per method, pooled over its rows: accepted / drafted at each draft position (rows with the counts)."""
+    drafted: dict[str, list[int]] = defaultdict(list)
+    accepted: dict[str, list[int]] = defaultdict(list)
+    for r in rows:
+        st = r.get("stats") or {}
+        d, a = st.get("num_drafted_per_pos"), st.get("num_accepted_tokens_per_pos")
+        if not d or a is None:
+            continue
+        for counts, new in ((drafted[r["method"]], d), (accepted[r["method"]], a)):
+            counts.extend([0] * (len(new) - len(counts)))
+            for i, x in enumerate(new):
+                counts[i] += x
+    return {m: [a / d for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
+            for m in drafted if any(drafted[m])}
 
 
 def report(out: Path, methods: Sequence[str] | None = None, config: dict | None = None,
@@ -699,7 +777,8 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
 
 def run_config(*, target: str, draft: str | None, dtype: str, device: str, dataset: str, options: dict,
                max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
-               sg_tau: float | None, scorer: str, adaptive_draft_length: bool = True) -> dict:
+               sg_tau: float | None, scorer: str,
+               adaptive_draft_length: bool = knob_default("adaptive_draft_length")) -> dict:
     """What the numbers in a results directory depend on (compared on every resume)."""
     import torch
     import transformers

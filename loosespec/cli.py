@@ -7,6 +7,7 @@ no traceback reaches the terminal.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import sys
@@ -16,7 +17,8 @@ from typing import Optional
 os.environ.setdefault("TYPER_USE_RICH", "0")  # plain one-screen click errors, no boxed tracebacks
 import typer  # noqa: E402
 
-from .config import DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, FLY_NUM_DRAFT_TOKENS, METHODS, DecodeConfig  # noqa: E402
+from .config import (KNOBS, VLLM_KNOBS, ConfigError, DecodeConfig, knob_default, knob_help,  # noqa: E402
+                     knob_info, knob_type)
 from .errors import LoosespecError  # noqa: E402
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
 
@@ -27,26 +29,82 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 models_app = typer.Typer(invoke_without_command=True, help="List the embedded models, or prepare one (pull).")
 app.add_typer(models_app, name="models")
 
-_METHOD_HELP = "; ".join(f"{k}: {v}" for k, v in METHODS.items())
-_DRAFTER_HELP = "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
-    ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
-    + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items()) + f"; {FLY_NUM_DRAFT_TOKENS} for fly"
-)
-
-
 _DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere) and on CPUs "
                "with amx_bf16/avx512_bf16; on other x86 CPUs float32 with int8 Linear layers (see --quantize)")
 _QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
                   "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
                   "bfloat16 arithmetic on the CPU")
-_ADAPTIVE_HELP = ("Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
-                  "the running acceptance say it pays (never slower than ar by its estimate). "
-                  "--fixed-draft-length drafts K every round (paper-faithful).")
+# ---------------------------------------------------------------------------------------------
+# Decoding knobs as options: derived from their one declaration (loosespec.config)
+# ---------------------------------------------------------------------------------------------
 
 
-def _default(name: str):
-    """The DecodeConfig default, so the CLI and the library cannot disagree."""
-    return DecodeConfig.__dataclass_fields__[name].default
+def _option_type(name: str):
+    kind = knob_type(name)
+    if name == "stop":
+        return list[str]
+    if knob_info(name).auto:
+        args = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
+        return Optional[args[0]]
+    return kind
+
+
+def _option(name: str, default):
+    k = knob_info(name)
+    if default is inspect.Parameter.empty:
+        default = None if k.auto else knob_default(name)
+    if name == "stop":
+        default = list(default or [])
+    elif k.escapes and isinstance(default, str):
+        default = repr(default)[1:-1]  # shown as typed: \n
+    decls = [k.flag] if k.flag else []
+    return typer.Option(default, *decls, help=knob_help(name))
+
+
+def knob_options(*names: str, exclude: tuple[str, ...] = (), defaults: Optional[dict] = None):
+    """Add the decoding knobs (all CLI knobs, or ``names``) to a command as options, declared from the schema.
+
+    The command takes them as ``**knobs``; :func:`knob_values` turns them into ``DecodeConfig`` keywords.
+    Adding a knob to ``DecodeConfig`` adds it to every command using this, with its help and bounds.
+    """
+    chosen = [n for n in (names or [n for n in KNOBS if knob_info(n).cli]) if n not in exclude]
+    defaults = defaults or {}
+
+    def deco(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        extra = []
+        for n in chosen:
+            option = _option(n, defaults.get(n, inspect.Parameter.empty))
+            kind = _option_type(n)
+            extra.append(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                           annotation=Optional[kind] if option.default is None else kind))
+
+        def command(**kw):
+            return fn(**kw)
+
+        command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        command.__module__ = fn.__module__
+        command.__signature__ = sig.replace(parameters=own + extra)
+        return command
+
+    return deco
+
+
+def knob_values(knobs: dict) -> dict:
+    """Option values -> DecodeConfig keywords: escapes interpreted, stop strings as a tuple, unset auto knobs
+    left out (DecodeConfig.create fills them)."""
+    out = {}
+    for name, value in knobs.items():
+        k = knob_info(name)
+        if value is None and k.auto:
+            continue
+        if k.escapes and isinstance(value, str):
+            value = _unescape(value)
+        if name == "stop":
+            value = tuple(value or ())
+        out[name] = value
+    return out
 
 
 def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
@@ -100,52 +158,21 @@ def _summary(label: str, s: dict) -> str:
 
 
 @app.command()
+@knob_options()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Prompt text, or '-' to read standard input."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
                               f"for the default target, none for other targets."),
-    method: str = typer.Option("exact", help=_METHOD_HELP),
-    drafter: Optional[str] = typer.Option(None, help=_DRAFTER_HELP),
-    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per round (K; the most with the "
-                                                   "cost-aware draft length)."),
-    adaptive_draft_length: bool = typer.Option(_default("adaptive_draft_length"),
-                                               "--adaptive-draft-length/--fixed-draft-length", help=_ADAPTIVE_HELP),
-    max_new_tokens: int = typer.Option(_default("max_new_tokens"), help="Stop after this many new tokens."),
-    temperature: float = typer.Option(_default("temperature"), help="0 = greedy."),
-    top_p: float = typer.Option(_default("top_p")),
-    top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
-    seed: int = typer.Option(_default("seed")),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
-    fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
-    fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats; 0 disables "
-                                                "the gate, above ln(top-k) no mismatch is ever deferred."),
-    fly_entropy_top_k: int = typer.Option(_default("fly_entropy_top_k"), help="FLy (lossy): entropy over the target's top-k probabilities."),
-    fly_sampling: str = typer.Option(_default("fly_sampling"), help="FLy (lossy) at temperature > 0: two-sample (official "
-                                     "code, greedy draft) | rejection (loose rule on rejection sampling)."),
-    sg_candidates: int = typer.Option(_default("sg_candidates"), help="SpecGuard (lossy): draft candidates per step, the first greedy."),
-    sg_temperature: float = typer.Option(_default("sg_temperature"), help="SpecGuard (lossy): sampling temperature of the other candidates."),
-    sg_beta: float = typer.Option(_default("sg_beta"), help="SpecGuard (lossy): score = beta * confidence + (1 - beta) * grounding."),
-    sg_tau: float = typer.Option(_default("sg_tau"), help="SpecGuard (lossy): accept a drafted step iff its score >= tau "
-                                 "(0 accepts all, above 1 none; default calibrated on GSM8K, see README)."),
-    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1], help="SpecGuard (lossy): text that ends a "
-                                     "step; backslash escapes such as \\n are interpreted."),
-    sg_embedder: str = typer.Option(_default("sg_embedder"), help="SpecGuard (lossy): draft (mean-pooled draft hidden "
-                                    "states) | sentence-transformer (all-MiniLM-L6-v2, pip install 'loosespec[sentence-transformer]')."),
-    sg_on_reject: str = typer.Option(_default("sg_on_reject"), help="SpecGuard (lossy): on a rejected step, draft-assisted "
-                                     "(the target verifies the candidate, then continues with --drafter) | regenerate "
-                                     "(the target writes the step alone, as in the paper)."),
-    sg_verify: str = typer.Option(_default("sg_verify"), help="SpecGuard (lossy), draft-assisted: exact | fly rule for "
-                                  "verifying the rejected candidate."),
-    sg_max_step_tokens: int = typer.Option(_default("sg_max_step_tokens"), help="SpecGuard (lossy): cut a step at this many tokens."),
-    stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
     compare_ar: bool = typer.Option(False, "--compare-ar",
                                     help="Also run plain autoregressive decoding on the same prompt and report the speedup."),
+    **knobs,
 ):
     """Generate a completion, streaming it to the terminal (or as one JSON object with --json).
 
@@ -157,17 +184,12 @@ def generate(
 
     text = _read_prompt(prompt, prompt_file)
     draft_spec = resolve_draft(draft, target)
+    kw = knob_values(knobs)
+    method, drafter = kw.pop("method"), kw.pop("drafter", None)
     if method == "ar" or (drafter == "ngram" and method != "specguard"):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
-                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed, stop=stop, fly_window_size=fly_window_size,
-                              adaptive_draft_length=adaptive_draft_length,
-                              fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
-                              fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,
-                              sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter),
-                              sg_embedder=sg_embedder, sg_on_reject=sg_on_reject, sg_verify=sg_verify,
-                              sg_max_step_tokens=sg_max_step_tokens)
+    cfg = DecodeConfig.create(method, drafter, kw.pop("num_draft_tokens", None), has_draft_model=draft_spec is not None,
+                              **kw)
     if draft_spec is None and cfg.drafter in ("model", "mla"):  # fail before loading anything
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize)
@@ -212,28 +234,23 @@ def generate(
 
 
 @app.command()
+@knob_options("drafter", "max_new_tokens", "seed", "sg_candidates", "sg_temperature", "sg_beta", "sg_delimiter",
+              "sg_embedder")
 def calibrate(
-    method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),
+    method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),  # (not a knob): only specguard has a threshold
     dataset: str = typer.Option("gsm8k", help="Evaluation set (gsm8k)."),
     limit: int = typer.Option(20, help="First N problems of the set."),
     accept_rate: Optional[float] = typer.Option(None, help="Share of steps the proposed tau should accept; default: "
                                                 "the share of steps the target wrote exactly as the draft did."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (SpecGuard drafts steps with it)."),
-    drafter: Optional[str] = typer.Option(None, help="Token-level drafter of the target's steps (default mla)."),
-    max_new_tokens: int = typer.Option(256),
-    sg_candidates: int = typer.Option(_default("sg_candidates")),
-    sg_temperature: float = typer.Option(_default("sg_temperature")),
-    sg_beta: float = typer.Option(_default("sg_beta")),
-    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1]),
-    sg_embedder: str = typer.Option(_default("sg_embedder")),
-    seed: int = typer.Option(_default("seed")),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto"),
     data_dir: Optional[Path] = typer.Option(None, help="Folder with the evaluation sets (default: $LOOSESPEC_DATA or "
                                             "shared/data beside the checkout)."),
     out: Optional[Path] = typer.Option(None, help="Write the proposal, score distributions and step records here (JSON)."),
+    **knobs,
 ):
     """Propose SpecGuard's tau (LOSSY method) from scored steps the target also wrote.
 
@@ -250,9 +267,8 @@ def calibrate(
     if accept_rate is not None and not (0.0 < accept_rate <= 1.0):
         raise LoosespecError(f"accept_rate must be in (0, 1], got {accept_rate}")
     problems = load_dataset(dataset, limit, data_dir)
-    cfg = DecodeConfig.create("specguard", drafter, has_draft_model=True, max_new_tokens=max_new_tokens, seed=seed,
-                              sg_candidates=sg_candidates, sg_temperature=sg_temperature, sg_beta=sg_beta,
-                              sg_delimiter=_unescape(sg_delimiter), sg_embedder=sg_embedder)
+    kw = knob_values(knobs)
+    cfg = DecodeConfig.create("specguard", kw.pop("drafter", None), has_draft_model=True, **kw)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
@@ -273,7 +289,11 @@ def _csv_numbers(text: Optional[str], kind: type, flag: str) -> Optional[tuple]:
         raise LoosespecError(f"{flag} takes comma-separated numbers, got '{text}'") from None
 
 
+BENCH_KNOBS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "sg_tau", "adaptive_draft_length")
+
+
 @app.command()
+@knob_options(*BENCH_KNOBS, defaults={"sg_tau": None})  # no tau: the library's, kept out of the run's config
 def bench(
     dataset: str = typer.Option(..., help="gsm8k | mgsm | math500 | humaneval | specbench | mtbench | niah"),
     out: Path = typer.Option(..., help="Results directory (results.jsonl, summary.json, plots); rerun to resume."),
@@ -287,11 +307,6 @@ def bench(
                                      "the vllm-* methods when listed)."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
-    max_new_tokens: int = typer.Option(256),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0),
-    seed: int = typer.Option(0),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
@@ -300,7 +315,6 @@ def bench(
                                            "summarization, qa, math_reasoning, rag); default all six."),
     context_lengths: Optional[str] = typer.Option(None, help="niah: context lengths in target tokens, e.g. 1024,2048."),
     depths: Optional[str] = typer.Option(None, help="niah: needle depths in [0, 1], e.g. 0,0.5,1."),
-    sg_tau: Optional[float] = typer.Option(None, help="SpecGuard (LOSSY): threshold tau (default: the library's)."),
     data_dir: Optional[Path] = typer.Option(None, help="Evaluation sets (default: $LOOSESPEC_DATA or shared/data)."),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
     vllm_num_speculative_tokens: Optional[int] = typer.Option(
@@ -311,8 +325,7 @@ def bench(
     vllm_max_num_batched_tokens: Optional[int] = typer.Option(
         None, help="vllm-* methods: vLLM's --max-num-batched-tokens (default: vLLM's). vLLM profiles a forward of "
         "this many tokens at every start: small values start much faster on a CPU."),
-    adaptive_draft_length: bool = typer.Option(True, "--adaptive-draft-length/--fixed-draft-length",
-                                               help=_ADAPTIVE_HELP),
+    **knobs,
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
 
@@ -323,6 +336,7 @@ def bench(
     from . import bench as B
     from . import datasets as D
 
+    max_new_tokens, temperature, top_p, top_k, seed, sg_tau, adaptive_draft_length = (knobs[n] for n in BENCH_KNOBS)
     if limit is not None and limit < 1:
         raise LoosespecError(f"--limit must be a positive integer, got {limit}")
     if max_new_tokens < 1:
@@ -434,37 +448,14 @@ def report(
 
 
 @app.command()
+@knob_options(exclude=("max_new_tokens", "stop"))  # requests send max_tokens and stop (OpenAI's fields)
 def serve(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
                               f"for the default target, none for other targets."),
-    method: str = typer.Option("exact", help="Default method; requests choose their own with the 'method' field. "
-                               + _METHOD_HELP),
-    drafter: Optional[str] = typer.Option(None, help="Default drafter (with the default method). " + _DRAFTER_HELP),
-    num_draft_tokens: Optional[int] = typer.Option(None, help="Default draft tokens per round (K), with the default method."),
-    adaptive_draft_length: bool = typer.Option(_default("adaptive_draft_length"),
-                                               "--adaptive-draft-length/--fixed-draft-length", help=_ADAPTIVE_HELP),
-    temperature: float = typer.Option(_default("temperature"), help="Default temperature when a request sends none; 0 = greedy."),
-    top_p: float = typer.Option(_default("top_p")),
-    top_k: int = typer.Option(_default("top_k"), help="0 disables top-k."),
-    seed: int = typer.Option(_default("seed")),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
-    fly_window_size: int = typer.Option(_default("fly_window_size"), help="FLy (lossy): deferred window W, counting the mismatch itself."),
-    fly_entropy_threshold: float = typer.Option(_default("fly_entropy_threshold"), help="FLy (lossy): entropy gate theta in nats."),
-    fly_entropy_top_k: int = typer.Option(_default("fly_entropy_top_k"), help="FLy (lossy): entropy over the target's top-k probabilities."),
-    fly_sampling: str = typer.Option(_default("fly_sampling"), help="FLy (lossy) at temperature > 0: two-sample | rejection."),
-    sg_candidates: int = typer.Option(_default("sg_candidates"), help="SpecGuard (lossy): draft candidates per step."),
-    sg_temperature: float = typer.Option(_default("sg_temperature"), help="SpecGuard (lossy): temperature of the other candidates."),
-    sg_beta: float = typer.Option(_default("sg_beta"), help="SpecGuard (lossy): score = beta * confidence + (1 - beta) * grounding."),
-    sg_tau: float = typer.Option(_default("sg_tau"), help="SpecGuard (lossy): accept a drafted step iff its score >= tau."),
-    sg_delimiter: str = typer.Option(repr(_default("sg_delimiter"))[1:-1], help="SpecGuard (lossy): text that ends a "
-                                     "step; backslash escapes such as \\n are interpreted."),
-    sg_embedder: str = typer.Option(_default("sg_embedder"), help="SpecGuard (lossy): draft | sentence-transformer."),
-    sg_on_reject: str = typer.Option(_default("sg_on_reject"), help="SpecGuard (lossy): draft-assisted | regenerate."),
-    sg_verify: str = typer.Option(_default("sg_verify"), help="SpecGuard (lossy), draft-assisted: exact | fly."),
-    sg_max_step_tokens: int = typer.Option(_default("sg_max_step_tokens"), help="SpecGuard (lossy): cut a step at this many tokens."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; the default answers this machine only. "
                              "0.0.0.0 exposes the server to the network (use --api-key)."),
     port: int = typer.Option(8000, help="TCP port."),
@@ -480,6 +471,7 @@ def serve(
                                     "ar, exact or fly (LOSSY) with --drafter model or ngram, server-wide."),
     vllm_bin: str = typer.Option(None, help="--engine vllm: the vllm executable (default: .venv-vllm/bin/vllm or "
                                  "$LOOSESPEC_VLLM_BIN)."),
+    **knobs,
 ):
     """Serve the models over an OpenAI-compatible HTTP API (needs pip install 'loosespec[server]').
 
@@ -507,21 +499,16 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise LoosespecError("--api-key must not be empty")
     draft_spec = resolve_draft(draft, target)
+    defaults = knob_values(knobs)
+    method = defaults["method"]
     if engine_name == "vllm":
-        return _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly_window_size,
-                           fly_entropy_threshold, fly_entropy_top_k, host, port, api_key,
+        return _serve_vllm(target, draft_spec, method, defaults.get("drafter"), defaults.get("num_draft_tokens"),
+                           dtype, {n: defaults[n] for n in VLLM_KNOBS}, host, port, api_key,
                            served_model_name or target, vllm_bin)
     if engine_name != "transformers":
         raise LoosespecError(f"--engine must be transformers or vllm, got {engine_name!r}")
-    defaults = dict(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens,
-                    adaptive_draft_length=adaptive_draft_length, temperature=temperature,
-                    top_p=top_p, top_k=top_k, seed=seed, fly_window_size=fly_window_size,
-                    fly_entropy_threshold=fly_entropy_threshold, fly_entropy_top_k=fly_entropy_top_k,
-                    fly_sampling=fly_sampling, sg_candidates=sg_candidates, sg_temperature=sg_temperature,
-                    sg_beta=sg_beta, sg_tau=sg_tau, sg_delimiter=_unescape(sg_delimiter), sg_embedder=sg_embedder,
-                    sg_on_reject=sg_on_reject, sg_verify=sg_verify, sg_max_step_tokens=sg_max_step_tokens)
     # fail on bad defaults before loading anything
-    cfg = DecodeConfig.create(**{**defaults, "method": method}, has_draft_model=draft_spec is not None)
+    cfg = DecodeConfig.create(**defaults, has_draft_model=draft_spec is not None)
     if draft_spec is None and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
         raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
                              "pass --draft")
@@ -542,8 +529,8 @@ def _vllm_dtype(dtype: str) -> str:
     return "bfloat16" if dtype == "auto" else dtype
 
 
-def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly_window_size, fly_entropy_threshold,
-                fly_entropy_top_k, host, port, api_key, served_model_name, vllm_bin) -> None:
+def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly: dict, host, port, api_key,
+                served_model_name, vllm_bin) -> None:
     """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
     import os
 
@@ -552,9 +539,7 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
 
     if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
         drafter = "model" if draft_spec is not None else "ngram"
-    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None,
-                              fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
-                              fly_entropy_top_k=fly_entropy_top_k)
+    cfg = DecodeConfig.create(method, drafter, num_draft_tokens, has_draft_model=draft_spec is not None, **fly)
     vm = method_for(cfg.method, cfg.drafter)
     if vm in ("vllm-draft", "vllm-fly") and draft_spec is None:
         raise LoosespecError(f"method {cfg.method} with drafter model needs a draft model: pass --draft")
@@ -563,8 +548,7 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
         raise LoosespecError(f"vLLM not found at {exe}: run `make vllm` or pass --vllm-bin")
     settings = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path) if vm in (
         "vllm-draft", "vllm-fly") else None, dtype=_vllm_dtype(dtype), num_speculative_tokens=num_draft_tokens,  # None: k's default
-        vllm_bin=exe, fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
-        fly_entropy_top_k=fly_entropy_top_k)
+        vllm_bin=exe, fly=fly)
     argv, env = server_command(vm, settings, port, host=host, served_model_name=served_model_name, api_key=api_key)
     print(f"loosespec: {vm}{' (LOSSY)' if cfg.lossy else ''} via {' '.join(argv[:3])} ...", file=sys.stderr)
     os.execve(argv[0], argv, {**os.environ, **env})
@@ -630,6 +614,9 @@ def models_cost(
 def main() -> None:
     try:
         app()
+    except ConfigError as e:  # a knob's bad value, named as the user typed it (--num-draft-tokens)
+        print(f"loosespec: error: {e.render('cli')}", file=sys.stderr)
+        sys.exit(2)
     except LoosespecError as e:
         print(f"loosespec: error: {e}", file=sys.stderr)
         sys.exit(2)

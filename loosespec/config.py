@@ -1,29 +1,34 @@
-"""Frozen, validated decoding configuration.
+"""Frozen, validated decoding configuration: every knob declared once, here.
+
+Each field of :class:`DecodeConfig` is declared with :func:`knob`: its default, help text,
+bounds or choices (validated by pydantic), and where it appears. Everything else derives from
+that one declaration: the CLI options of ``generate``, ``serve``, ``calibrate`` and ``bench``
+(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.server``), the
+vLLM plugin's FLy settings (``loosespec.vllm.rule``) and the errors. Adding a knob is one
+:func:`knob` line (plus the code that uses it).
 
 Field names are the public names everywhere: CLI flags (``--num-draft-tokens``), ``--json``
-output, result files and (later) server request fields. Where vLLM or transformers already has a
+output, result files and server request fields. Where vLLM or transformers already has a
 name for a knob, loosespec uses it (``prompt_lookup_max``, ``prompt_lookup_min``, ``top_p``,
 ``top_k``, ``max_new_tokens``, ``seed``).
+
+Errors are :class:`ConfigError`: they name the field, and each front end phrases them for its
+user (``--num-draft-tokens`` on the command line, ``num_draft_tokens`` and ``param`` in the
+server's JSON error).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Optional
 
 from .errors import LoosespecError
+from .methods import LOSSY_METHODS  # noqa: F401 (re-exported)
+from .methods import METHODS as _REGISTRY
 
-METHODS = {
-    "ar": "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
-    "exact": "greedy speculative decoding, exact-match verification (lossless)",
-    "rejection": "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
-    "fly": "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
-           "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
-    "specguard": "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when its "
-                 "attention grounding and confidence agree, else the target writes the step. LOSSY: output "
-                 "differs from the target's",
-}
-LOSSY_METHODS = frozenset({"fly", "specguard"})
+METHODS = {name: m.summary for name, m in _REGISTRY.items()}  # name -> one line of help (loosespec.methods)
 FLY_SAMPLING = ("two-sample", "rejection")
 SG_EMBEDDERS = ("draft", "sentence-transformer")
 SG_ON_REJECT = ("draft-assisted", "regenerate")
@@ -51,104 +56,219 @@ def default_drafter(method: str, has_draft_model: bool) -> str | None:
     return "mla" if has_draft_model else "ngram"
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The knob schema
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What a decoding knob is, beyond its name, type and default (all kept by the dataclass field)."""
+
+    help: str
+    bounds: dict = field(default_factory=dict)  # pydantic Field constraints: ge, gt, le, lt, min_length, ...
+    choices: tuple | None = None  # allowed values (a string knob)
+    flag: str | None = None  # the CLI declaration, when not --<name> (e.g. a --x/--no-x pair)
+    request: bool = True  # a per-request field of the server
+    cli: bool = True  # a CLI option of generate and serve
+    escapes: bool = False  # on the command line, backslash escapes (\\n) are interpreted
+    auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
+    lossy: str | None = None  # the lossy method the knob belongs to ("fly", "specguard"), for the help text
+    vllm: bool = False  # a setting of the vLLM plugin too (loosespec.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
+
+
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING,
+         choices: tuple | None = None, flag: str | None = None, request: bool = True, cli: bool = True,
+         escapes: bool = False, auto: bool = False, lossy: str | None = None, vllm: bool = False,
+         **bounds) -> Any:
+    """A :class:`DecodeConfig` field with its :class:`Knob` metadata."""
+    meta = {"knob": Knob(help, bounds, choices, flag, request, cli, escapes, auto, lossy, vllm)}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class ConfigError(LoosespecError, ValueError):
+    """A bad knob value. ``field`` names the knob; the message names knobs as ``{name}`` placeholders, which
+    :meth:`render` spells for the reader: ``name`` (library, server) or ``--name`` (command line)."""
+
+    def __init__(self, field: str, template: str, **values):
+        self.field, self.template, self.values = field, template, values
+        super().__init__(self.render())
+
+    def render(self, style: str = "field") -> str:
+        names = {f.name: (f"--{f.name.replace('_', '-')}" if style == "cli" else f.name)
+                 for f in dataclasses.fields(DecodeConfig)}
+        return self.template.format(**names, **{k: v for k, v in self.values.items()})
+
+
+_ADAPTERS: dict[str, Any] = {}
+
+
+def _adapter(name: str):
+    """pydantic's validator for one knob: its type, bounds and choices."""
+    if name not in _ADAPTERS:
+        from pydantic import Field, TypeAdapter
+
+        f = KNOBS[name]
+        k: Knob = f.metadata["knob"]
+        kind = knob_type(name)
+        if k.choices is not None:
+            kind = Literal[k.choices] if not _is_optional(kind) else Optional[Literal[k.choices]]
+        _ADAPTERS[name] = TypeAdapter(Annotated[kind, Field(**k.bounds)] if k.bounds else kind)
+    return _ADAPTERS[name]
+
+
+def _is_optional(kind) -> bool:
+    return typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind)
+
+
+def knob_type(name: str):
+    """The knob's Python type (resolved from the dataclass annotation)."""
+    return _hints()[name]
+
+
+_HINTS: dict = {}
+
+
+def _hints() -> dict:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(DecodeConfig))
+    return _HINTS
+
+
+def _describe(errors: list[dict], value) -> str:
+    e = errors[0]
+    ctx = e.get("ctx") or {}
+    kind = e["type"]
+    words = {"greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+             "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+             "string_too_short": "must be at least {min_length} character(s) long",
+             "string_too_long": "must be at most {max_length} characters long",
+             "literal_error": "must be one of: {expected}", "int_type": "must be an integer",
+             "int_from_float": "must be an integer", "bool_type": "must be true or false",
+             "float_type": "must be a number", "string_type": "must be a string",
+             "finite_number": "must be a finite number"}
+    if kind in words:
+        try:
+            text = words[kind].format(**ctx)
+        except (KeyError, IndexError):
+            text = e["msg"]
+    else:
+        text = e["msg"][0].lower() + e["msg"][1:]
+    return f"{text}, got {value!r}"
+
+
+def validate_knob(name: str, value):
+    """``value`` checked against the knob's declaration; raises :class:`ConfigError` naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return _adapter(name).validate_python(value)
+    except ValidationError as e:
+        raise ConfigError(name, "{%s} %s" % (name, _describe(e.errors(include_url=False), value)
+                                             .replace("{", "{{").replace("}", "}}"))) from None
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Everything that decides what one generation computes (models and prompt aside)."""
+    """Everything that decides what one generation computes (models and prompt aside).
 
-    method: str = "exact"
-    drafter: str | None = None  # None only for method "ar"
-    num_draft_tokens: int = 10  # K: draft tokens proposed per round
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    prompt_lookup_max: int = 3  # n-gram lookup: longest suffix n-gram tried first
-    prompt_lookup_min: int = 1
-    mla_lookup_tokens: int = 6  # MLA: n-gram candidates per draft-model forward (FLy's M)
-    draft_confidence_threshold: float = 0.3  # model drafter, greedy: stop drafting below this top prob
+    Every field is a knob (:func:`knob`): declared once, with its bounds and help; the CLI, the server
+    and the vLLM plugin derive their options from these declarations.
+    """
+
+    method: str = knob("exact", "; ".join(f"{k}: {v}" for k, v in METHODS.items()), choices=tuple(METHODS))
+    drafter: Optional[str] = knob(None, "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
+        ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items()) + f"; {FLY_NUM_DRAFT_TOKENS} for fly"),
+        choices=tuple(DRAFTERS), auto=True)
+    num_draft_tokens: int = knob(10, "Draft tokens per round (K; the most with the cost-aware draft length).",
+                                 auto=True, ge=1, le=128)
+    max_new_tokens: int = knob(256, "Stop after this many new tokens.", request=False, ge=1)
+    temperature: float = knob(0.0, "0 = greedy.", ge=0.0)
+    top_p: float = knob(1.0, "Nucleus sampling: keep the smallest set of tokens with this probability mass.",
+                        gt=0.0, le=1.0)
+    top_k: int = knob(0, "Keep the k most probable tokens; 0 (or -1, vLLM's spelling) disables top-k.", ge=-1,
+                      le=1_000_000)
+    seed: int = knob(0, "Seed of every random draw (drafts, sampling).", ge=0, le=2**63 - 1)
+    stop: tuple[str, ...] = knob(default_factory=tuple, help="Stop string (repeatable).", request=False)
+    prompt_lookup_max: int = knob(3, "n-gram lookup: the longest suffix n-gram tried first (transformers' name).",
+                                  ge=1, le=64)
+    prompt_lookup_min: int = knob(1, "n-gram lookup: the shortest suffix n-gram tried.", ge=1, le=64)
+    mla_lookup_tokens: int = knob(6, "MLA: n-gram candidates checked per draft-model forward (FLy's M).", ge=1,
+                                  le=128)
+    draft_confidence_threshold: float = knob(0.3, "model drafter, greedy: stop drafting below this top "
+                                             "probability.", ge=0.0, le=1.0)
     # cost-aware draft length (loosespec.draftlen): each round drafts 0..K tokens, as far as it pays;
     # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
-    adaptive_draft_length: bool = True
+    adaptive_draft_length: bool = knob(
+        True, "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
+        "the running acceptance say it pays (never slower than ar by its estimate). --fixed-draft-length drafts K "
+        "every round (paper-faithful).", flag="--adaptive-draft-length/--fixed-draft-length")
     # FLy (method "fly"); names as in the vLLM FLy port
-    fly_window_size: int = 6  # W, counting the mismatch itself (the official code's meaning)
-    fly_entropy_threshold: float = 0.3  # theta; 0 disables the gate, > ln(top_k) closes it
-    fly_entropy_top_k: int = 3
-    fly_sampling: str = "two-sample"  # T > 0: "two-sample" (official code) | "rejection" (vLLM port)
+    fly_window_size: int = knob(6, "deferred window W, counting the mismatch itself.", lossy="FLy", vllm=True, ge=1,
+                                le=1024)
+    fly_entropy_threshold: float = knob(0.3, "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no "
+                                        "mismatch is ever deferred.", lossy="FLy", vllm=True, ge=0.0)
+    fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (renormalised; >= 2, the "
+                                  "entropy of one probability is always 0).", lossy="FLy", vllm=True, ge=2,
+                                  le=1024)
+    fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
+                             "rejection (loose rule on rejection sampling).", lossy="FLy", choices=FLY_SAMPLING)
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
-    sg_candidates: int = 4  # k draft candidates per step, the first greedy
-    sg_temperature: float = 0.7  # sampling temperature of the other candidates
-    sg_beta: float = 0.3  # S = beta * confidence + (1 - beta) * grounding
-    sg_tau: float = DEFAULT_SG_TAU  # accept a step iff S >= tau
-    sg_delimiter: str = "\n\n"  # a step ends with it (or an end token)
-    sg_embedder: str = "draft"  # "draft" (mean-pooled draft hidden states) | "sentence-transformer"
-    sg_on_reject: str = "draft-assisted"  # "draft-assisted" (candidate as draft) | "regenerate" (target alone)
-    sg_verify: str = "exact"  # rule verifying the candidate in draft-assisted mode: "exact" | "fly"
-    sg_max_step_tokens: int = 128  # a step longer than this is cut (and scored) there
+    sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
+    sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "
+                                 "always greedy).", lossy="SpecGuard", gt=0.0, le=100.0)
+    sg_beta: float = knob(0.3, "score = beta * confidence + (1 - beta) * grounding.", lossy="SpecGuard", ge=0.0,
+                          le=1.0)
+    sg_tau: float = knob(DEFAULT_SG_TAU, "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
+                         "default calibrated on GSM8K, see README).", lossy="SpecGuard", ge=0.0)
+    sg_delimiter: str = knob("\n\n", "text that ends a step; backslash escapes such as \\n are interpreted.",
+                             lossy="SpecGuard", escapes=True, min_length=1, max_length=64)
+    sg_embedder: str = knob("draft", "draft (mean-pooled draft hidden states) | sentence-transformer "
+                            "(all-MiniLM-L6-v2, pip install 'loosespec[sentence-transformer]').", lossy="SpecGuard",
+                            choices=SG_EMBEDDERS)
+    sg_on_reject: str = knob("draft-assisted", "on a rejected step, draft-assisted (the target verifies the "
+                             "candidate, then continues with --drafter) | regenerate (the target writes the step "
+                             "alone, as in the paper).", lossy="SpecGuard", choices=SG_ON_REJECT)
+    sg_verify: str = knob("exact", "draft-assisted: exact | fly rule for verifying the rejected candidate.",
+                          lossy="SpecGuard", choices=SG_VERIFY)
+    sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
 
     @property
     def lossy(self) -> bool:
         return self.method in LOSSY_METHODS
 
     def __post_init__(self):
-        def bad(msg: str):
-            raise LoosespecError(msg)
-
-        if self.method not in METHODS:
-            bad(f"unknown method '{self.method}'; choose one of: {', '.join(METHODS)}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "drafter" and value is None:
+                continue
+            if f.name == "stop":
+                if any(not isinstance(s, str) or not s for s in value):
+                    raise ConfigError("stop", "stop strings must be non-empty strings")
+                continue
+            checked = validate_knob(f.name, value)
+            if checked != value or type(checked) is not type(value):  # e.g. an int given for a float knob
+                object.__setattr__(self, f.name, checked)
+        if self.top_k == -1:  # vLLM's spelling of "disabled"
+            object.__setattr__(self, "top_k", 0)
         if self.method == "ar":
             if self.drafter is not None:
-                bad("method 'ar' uses no drafter; drop --drafter or pick a speculative method")
-        elif self.drafter not in DRAFTERS:
-            bad(f"unknown drafter '{self.drafter}'; choose one of: {', '.join(DRAFTERS)}")
+                raise ConfigError("drafter", "method 'ar' uses no drafter; drop {drafter} or pick a speculative "
+                                  "method")
+        elif self.drafter is None:
+            raise ConfigError("drafter", "method '{m}' needs a drafter; choose one of: {d}", m=self.method,
+                              d=", ".join(DRAFTERS))
         if self.method == "exact" and self.temperature != 0.0:
-            bad("method 'exact' is greedy (temperature 0); use --method rejection to sample")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            bad(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
-        if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
-            bad(f"num_draft_tokens must be a positive integer, got {self.num_draft_tokens}")
-        if not (self.temperature >= 0.0):
-            bad(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            bad(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            bad(f"top_k must be a non-negative integer (0 disables it), got {self.top_k}")
-        if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
-            bad("need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
-        if self.mla_lookup_tokens < 1:
-            bad(f"mla_lookup_tokens must be >= 1, got {self.mla_lookup_tokens}")
-        if not (0.0 <= self.draft_confidence_threshold <= 1.0):
-            bad(f"draft_confidence_threshold must be in [0, 1], got {self.draft_confidence_threshold}")
-        if not isinstance(self.fly_window_size, int) or self.fly_window_size < 1:
-            bad(f"fly_window_size must be a positive integer, got {self.fly_window_size}")
-        if not (self.fly_entropy_threshold >= 0.0):
-            bad(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold}")
-        if not isinstance(self.fly_entropy_top_k, int) or self.fly_entropy_top_k < 1:
-            bad(f"fly_entropy_top_k must be a positive integer, got {self.fly_entropy_top_k}")
-        if self.fly_sampling not in FLY_SAMPLING:
-            bad(f"unknown fly_sampling '{self.fly_sampling}'; choose one of: {', '.join(FLY_SAMPLING)}")
-        if not isinstance(self.sg_candidates, int) or self.sg_candidates < 1:
-            bad(f"sg_candidates must be a positive integer, got {self.sg_candidates}")
-        if not (self.sg_temperature > 0.0):
-            bad(f"sg_temperature must be > 0 (the first candidate is always greedy), got {self.sg_temperature}")
-        if not (0.0 <= self.sg_beta <= 1.0):
-            bad(f"sg_beta must be in [0, 1], got {self.sg_beta}")
-        if not (self.sg_tau >= 0.0):
-            bad(f"sg_tau must be >= 0 (scores lie in [0, 1]; above 1 rejects every step), got {self.sg_tau}")
-        if not self.sg_delimiter:
-            bad("sg_delimiter must be a non-empty string")
-        if self.sg_embedder not in SG_EMBEDDERS:
-            bad(f"unknown sg_embedder '{self.sg_embedder}'; choose one of: {', '.join(SG_EMBEDDERS)}")
-        if self.sg_on_reject not in SG_ON_REJECT:
-            bad(f"unknown sg_on_reject '{self.sg_on_reject}'; choose one of: {', '.join(SG_ON_REJECT)}")
-        if self.sg_verify not in SG_VERIFY:
-            bad(f"unknown sg_verify '{self.sg_verify}'; choose one of: {', '.join(SG_VERIFY)}")
-        if not isinstance(self.sg_max_step_tokens, int) or self.sg_max_step_tokens < 1:
-            bad(f"sg_max_step_tokens must be a positive integer, got {self.sg_max_step_tokens}")
-        if any(not s for s in self.stop):
-            bad("stop strings must be non-empty")
+            raise ConfigError("temperature", "method 'exact' is greedy ({temperature} 0); use {method} rejection "
+                              "to sample")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError("prompt_lookup_min", "need {prompt_lookup_min} <= {prompt_lookup_max}, got {a} and {b}",
+                              a=self.prompt_lookup_min, b=self.prompt_lookup_max)
 
     @classmethod
     def create(cls, method: str = "exact", drafter: str | None = None, num_draft_tokens: int | None = None,
@@ -167,3 +287,22 @@ class DecodeConfig:
         d["stop"] = list(self.stop)
         d["lossy"] = self.lossy
         return d
+
+
+KNOBS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+VLLM_KNOBS: tuple[str, ...] = tuple(n for n, f in KNOBS.items() if f.metadata["knob"].vllm)
+
+
+def knob_info(name: str) -> Knob:
+    return KNOBS[name].metadata["knob"]
+
+
+def knob_help(name: str) -> str:
+    """The help text, with the lossy method named where the knob belongs to one."""
+    k = knob_info(name)
+    return f"{k.lossy} (lossy): {k.help}" if k.lossy else k.help
+
+
+def knob_default(name: str):
+    f = KNOBS[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default

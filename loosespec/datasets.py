@@ -293,7 +293,7 @@ def _insert_needle(context: str, depth: float, needle: str) -> tuple[str, int]:
     return context[:b] + needle + " " + context[b:], b
 
 
-def niah_code(length: int, depth: float, seed: int = 0) -> str:
+def niah_code(length: int, depth: float, seed: int = 0) -> str:  # the generator's seed (not a knob)
     """The needle's code for (length, depth): 4 digits and a word, e.g. ``7319-BRAVO``, seeded."""
     rng = random.Random(f"loosespec-niah/{seed}/{length}/{float(depth)}")
     return f"{rng.randrange(1000, 10000)}-{rng.choice(NIAH_WORDS)}"
@@ -329,7 +329,8 @@ def _depths(value: Any) -> list[float]:
 
 def niah(limit: int | None = None, directory: str | Path | None = None,
          context_lengths: Any = (1024, 2048, 4096), depths: Any = (0.0, 0.25, 0.5, 0.75, 1.0),
-         count_tokens: Callable[[str], int] | None = None, seed: int = 0) -> list[Problem]:
+         count_tokens: Callable[[str], int] | None = None,
+         seed: int = 0) -> list[Problem]:  # the generator's seed (not a knob)
     """Needle-in-a-haystack prompts, one per (context length, depth), ordered by length then depth.
 
     The haystack is the Paul Graham essays (``rss`` dropped) joined by blank lines in file order,

@@ -22,65 +22,12 @@ from .drafters.base import EMPTY_DRAFT
 from .errors import LoosespecError
 from .kv import CachedLM
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
-from .specguard import DraftEmbedder, SentenceEmbedder, decode_steps
+from .specguard import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
 from .stats import Stats
 from .text import TextAssembler, encode_prompt, end_token_ids
-from .verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
-from .verify.fly import fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
-
-# ---------------------------------------------------------------------------------------------
-# Rules: callables (draft, target logits [K + 1, V]) -> Verdict
-# ---------------------------------------------------------------------------------------------
-
-
-class GreedyRule:
-    """Exact match against the target's argmax (lossless)."""
-
-    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
-        return greedy_verify(draft.tokens, logits)
-
-
-def _draft_probs(draft: Draft, width: int) -> torch.Tensor | None:
-    """The draft's q, cut or zero-padded to the target's vocabulary width (same tokenizer,
-    embedding matrices padded to different sizes)."""
-    q = draft.probs
-    if q is None or q.shape[-1] == width:
-        return q
-    return q[:, :width] if q.shape[-1] > width else torch.nn.functional.pad(q, (0, width - q.shape[-1]))
-
-
-class RejectionRule:
-    """Speculative sampling (lossless in distribution); with an empty draft, plain sampling."""
-
-    def __init__(self, sampling: SamplingParams, generator: torch.Generator | None):
-        self.sampling = sampling
-        self.generator = generator
-
-    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
-        p = logits_to_probs(logits, self.sampling)  # [K + 1, V]
-        return rejection_verify(draft.tokens, _draft_probs(draft, p.shape[-1]), p, self.generator)
-
-
-class FlyRule:
-    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0."""
-
-    def __init__(self, cfg: DecodeConfig, sampling: SamplingParams, generator: torch.Generator | None):
-        self.sampling = sampling
-        self.generator = generator
-        self.variant = "greedy" if sampling.greedy else cfg.fly_sampling
-        # the boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
-        self.knobs = {"theta": cfg.fly_entropy_threshold, "window_size": cfg.fly_window_size,
-                      "top_k": cfg.fly_entropy_top_k, "num_draft_tokens": cfg.num_draft_tokens}
-
-    def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
-        if self.variant == "greedy":
-            return fly_verify_greedy(draft.tokens, logits, **self.knobs)
-        p = logits_to_probs(logits, self.sampling)
-        if self.variant == "two-sample":
-            return fly_verify_two_sample(draft.tokens, logits, p, self.generator, **self.knobs)
-        return fly_verify_rejection(draft.tokens, _draft_probs(draft, p.shape[-1]), logits, p, self.generator,
-                                    **self.knobs)
-
+from .methods import METHODS
+from .rules import Rule
+from .verify import SamplingParams
 
 def sync(device: torch.device) -> None:
     """Wait for queued device work so wall-clock timers measure it."""
@@ -98,7 +45,7 @@ def sync(device: torch.device) -> None:
 def decode(
     target: CachedLM,
     drafter: Drafter | None,
-    rule,
+    rule: Rule,
     prompt_ids: torch.Tensor,  # [P] int64, CPU
     max_new_tokens: int,
     num_draft_tokens: int,
@@ -202,8 +149,9 @@ class Generation:
                 eos = e.tokenizer.eos_token_id if e.tokenizer.eos_token_id in e.stop_ids else min(e.stop_ids)
                 side = DraftSide(lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True),
                                  e.draft_stop_ids, e.bridge, eos)
-            chunks = decode_steps(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
-                                  e.detokenize, self.prompt_ids, cfg, e.stop_ids, self.stats, generator, side)
+            parts = StepParts(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
+                              e.detokenize, e.stop_ids, generator, side)
+            chunks = decode_steps(parts, self.prompt_ids, cfg, self.stats)
         else:
             chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
                             e.stop_ids, self.stats)
@@ -306,7 +254,7 @@ class Engine:
             self._embedders[name] = DraftEmbedder() if name == "draft" else SentenceEmbedder(self.device)
         return self._embedders[name]
 
-    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, object, torch.Generator]:
+    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, Rule, torch.Generator]:
         """The drafter and rule a config asks for, and a fresh seeded generator they share.
 
         For ``specguard`` these are the token-level drafter and rule of the target's steps.
@@ -344,12 +292,7 @@ class Engine:
             # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
             # which no per-round estimate describes: they keep K
             drafter = self._cost_aware(drafter, cfg)
-        if cfg.method == "fly" or (cfg.method == "specguard" and cfg.sg_on_reject == "draft-assisted"
-                                   and cfg.sg_verify == "fly"):
-            rule = FlyRule(cfg, sampling, generator)
-        else:
-            rule = GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
-        return drafter, rule, generator
+        return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator), generator
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.draftlen), priced by the cost curves."""

@@ -27,10 +27,10 @@ import asyncio
 import copy
 import json
 import logging
-import re
 import secrets
 import threading
 import time
+import typing
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,19 +43,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .config import DecodeConfig
+from .config import KNOBS, ConfigError, DecodeConfig, knob_help, knob_info, knob_type
 from .errors import LoosespecError
+from .methods import ALL_COUNTERS, METHODS
 from .text import encode_prompt
 
 log = logging.getLogger("loosespec.server")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this gets 413
-MAX_NUM_DRAFT_TOKENS = 128
-MAX_SG_CANDIDATES = 16
 MAX_STOP_STRINGS = 16
 DISCONNECT_CHECK_S = 0.5  # how often a waiting handler looks for a disconnected client
 
@@ -116,28 +115,23 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
-class SpecFields(_Base):
-    """loosespec's per-request method selection: the CLI's names (``--fly-window-size`` -> ``fly_window_size``)."""
+def _request_field(name: str):
+    """A knob as an optional request field: the declaration's type, bounds and choices (loosespec.config)."""
+    k = knob_info(name)
+    kind = knob_type(name)
+    if k.choices is not None:
+        kind = Literal[k.choices]
+    elif typing.get_origin(kind) is Union:  # Optional[X] -> X; None is "not sent"
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if name == "drafter":  # "none": the method's default drafter, as vLLM clients may send it
+        kind = Literal[k.choices + ("none",)]
+    return (Optional[kind], Field(None, description=knob_help(name), **k.bounds))
 
-    method: Optional[str] = None
-    drafter: Optional[str] = None
-    num_draft_tokens: Optional[int] = Field(None, ge=1, le=MAX_NUM_DRAFT_TOKENS)
-    adaptive_draft_length: Optional[bool] = None
-    seed: Optional[int] = Field(None, ge=0, le=2**63 - 1)
-    top_k: Optional[int] = Field(None, ge=-1, le=1_000_000)
-    fly_window_size: Optional[int] = Field(None, ge=1, le=1024)
-    fly_entropy_threshold: Optional[float] = Field(None, ge=0)
-    fly_entropy_top_k: Optional[int] = Field(None, ge=1, le=1024)
-    fly_sampling: Optional[str] = None
-    sg_candidates: Optional[int] = Field(None, ge=1, le=MAX_SG_CANDIDATES)
-    sg_temperature: Optional[float] = Field(None, gt=0, le=100)
-    sg_beta: Optional[float] = None
-    sg_tau: Optional[float] = None
-    sg_delimiter: Optional[str] = Field(None, min_length=1, max_length=64)
-    sg_embedder: Optional[str] = None
-    sg_on_reject: Optional[str] = None
-    sg_verify: Optional[str] = None
-    sg_max_step_tokens: Optional[int] = Field(None, ge=1, le=4096)
+
+# loosespec's per-request method selection: every knob declared as a request field in loosespec.config, with the
+# CLI's names (--fly-window-size -> fly_window_size), derived from that one declaration
+SpecFields = create_model("SpecFields", __base__=_Base,
+                          **{name: _request_field(name) for name in KNOBS if knob_info(name).request})
 
 
 class StreamOptions(_Base):
@@ -147,8 +141,6 @@ class StreamOptions(_Base):
 class CommonFields(SpecFields):
     model: Optional[str] = None
     max_tokens: Optional[int] = None  # range checked against the context, with a clear message
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
     stop: Optional[Union[str, list[str]]] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
@@ -196,68 +188,64 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60
 
 
 class Metrics:
-    """Prometheus metrics in the app's own registry (not the process-global one)."""
+    """Prometheus metrics in the app's own registry (not the process-global one).
+
+    Names follow vLLM's (``vllm:prompt_tokens``, ``vllm:spec_decode_num_drafts``, ...) under a
+    ``loosespec:`` prefix, with vLLM's definitions: the speculative-decoding counters are counts
+    (drafts, draft tokens, accepted tokens, accepted tokens per draft position), and rates are
+    derived from them as vLLM derives them (acceptance rate = accepted / draft tokens, mean
+    acceptance length = 1 + accepted / drafts). Metrics vLLM has no name for keep loosespec's own.
+    """
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
         m = ("method",)
-        self.requests = Counter("loosespec_requests", "HTTP requests to /v1/* by endpoint and status code",
+        p = "loosespec:"
+        self.requests = Counter(p + "http_requests", "HTTP requests to /v1/* by endpoint and status code",
                                 ("endpoint", "status"), registry=r)
-        self.finished = Counter("loosespec_requests_finished", "Generations run to the end, by method and finish "
-                                "reason", ("method", "finish_reason"), registry=r)
-        self.cancelled = Counter("loosespec_requests_cancelled", "Generations stopped (or dropped from the queue) "
+        self.finished = Counter(p + "request_success", "Generations run to the end, by method and finish reason "
+                                "(vLLM's vllm:request_success)", ("method", "finished_reason"), registry=r)
+        self.cancelled = Counter(p + "requests_cancelled", "Generations stopped (or dropped from the queue) "
                                  "because the client disconnected", registry=r)
-        self.failed = Counter("loosespec_requests_failed", "Generations that ended with an error", registry=r)
-        self.waiting = Gauge("loosespec_queue_waiting", "Requests waiting for the worker", registry=r)
-        self.running = Gauge("loosespec_requests_running", "Generations running (0 or 1)", registry=r)
-        self.prompt_tokens = Counter("loosespec_prompt_tokens", "Prompt tokens processed", m, registry=r)
-        self.generation_tokens = Counter("loosespec_generation_tokens", "Tokens generated", m, registry=r)
-        self.spec_steps = Counter("loosespec_spec_decode_steps", "Decoding rounds (one target verification "
-                                  "each, or one accepted SpecGuard step)", m, registry=r)
-        self.draft_tokens = Counter("loosespec_spec_decode_draft_tokens", "Draft tokens proposed", m, registry=r)
-        self.accepted_tokens = Counter("loosespec_spec_decode_accepted_tokens", "Draft tokens accepted", m,
-                                       registry=r)
-        self.mean_accepted_length = Gauge("loosespec_spec_decode_mean_accepted_length", "Tokens per round since "
-                                          "start (generation tokens / steps), by method", m, registry=r)
-        self.fly_mismatches = Counter("loosespec_fly_mismatches", "FLy (lossy): draft/target mismatches seen",
-                                      registry=r)
-        self.fly_deferred = Counter("loosespec_fly_deferred", "FLy (lossy): mismatches deferred (kept)", registry=r)
-        self.fly_rejects = Counter("loosespec_fly_rejects", "FLy (lossy): mismatches rejected, by reason",
-                                   ("reason",), registry=r)
-        self.sg_steps = Counter("loosespec_specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
-        self.sg_accepted = Counter("loosespec_specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted",
+        self.failed = Counter(p + "requests_failed", "Generations that ended with an error", registry=r)
+        self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting for the worker", registry=r)
+        self.running = Gauge(p + "num_requests_running", "Generations running (0 or 1)", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", m, registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", m, registry=r)
+        self.num_drafts = Counter(p + "spec_decode_num_drafts", "Rounds that drafted at least one token (an "
+                                  "accepted SpecGuard step counts as one)", m, registry=r)
+        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", m, registry=r)
+        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", m,
+                                           registry=r)
+        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
+                                        "each draft position (0-based)", ("method", "position"), registry=r)
+        # each rule counter a method of the registry reports (loosespec.methods), by method
+        self.rule_counters = {name: Counter(p + name, f"{name} summed over rounds (the rule's own counter; see "
+                                            "loosespec.stats)", m, registry=r) for name in ALL_COUNTERS}
+        self.sg_steps = Counter(p + "specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
+        self.sg_accepted = Counter(p + "specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted",
                                    registry=r)
-        self.latency = Histogram("loosespec_request_latency_seconds", "Arrival to last token", ("endpoint",),
+        self.latency = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token", ("endpoint",),
                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("loosespec_queue_time_seconds", "Arrival to start of generation",
+        self.queue_time = Histogram(p + "request_queue_time_seconds", "Arrival to start of generation",
                                     buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("loosespec_time_to_first_token_seconds", "Arrival to first committed token",
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first committed token",
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.generation_time = Histogram("loosespec_generation_seconds", "Generation wall time (prefill + "
+        self.generation_time = Histogram(p + "request_inference_time_seconds", "Generation wall time (prefill + "
                                          "decode)", m, buckets=_LATENCY_BUCKETS, registry=r)
-        self._totals: dict[str, list[int]] = {}
-        self._lock = threading.Lock()
 
     def record(self, job: "Job", stats) -> None:
         """Token-level counters of one generation, finished or not (called from the worker)."""
         s, method = stats, job.cfg.method
         self.prompt_tokens.labels(method).inc(s.prompt_tokens)
         self.generation_tokens.labels(method).inc(s.new_tokens)
-        self.spec_steps.labels(method).inc(s.rounds)
-        self.draft_tokens.labels(method).inc(s.drafted_tokens)
-        self.accepted_tokens.labels(method).inc(s.accepted_tokens)
-        with self._lock:
-            tot = self._totals.setdefault(method, [0, 0])
-            tot[0] += s.new_tokens
-            tot[1] += s.rounds
-            if tot[1]:
-                self.mean_accepted_length.labels(method).set(tot[0] / tot[1])
-        ev = s.events
-        self.fly_mismatches.inc(ev.get("fly_mismatches", 0))
-        self.fly_deferred.inc(ev.get("fly_deferred", 0))
-        for reason in ("hard", "window", "boundary"):
-            if f"fly_{reason}_rejects" in ev:
-                self.fly_rejects.labels(reason).inc(ev[f"fly_{reason}_rejects"])
+        self.num_drafts.labels(method).inc(s.drafts)
+        self.num_draft_tokens.labels(method).inc(s.drafted_tokens)
+        self.num_accepted_tokens.labels(method).inc(s.accepted_tokens)
+        for pos, count in enumerate(s.accepted_at):
+            self.accepted_per_pos.labels(method, str(pos)).inc(count)
+        for name in METHODS[method].counters:
+            self.rule_counters[name].labels(method).inc(s.events.get(name, 0))
         if s.steps:
             self.sg_steps.inc(len(s.steps))
             self.sg_accepted.inc(sum(1 for r in s.steps if r["accepted"]))
@@ -265,24 +253,36 @@ class Metrics:
 
 
 def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
-    """Per-response ``metrics``: vLLM's speculative-decoding field names plus loosespec's counters."""
-    s = result_stats.to_dict()
+    """Per-response ``metrics.speculative_decoding``: vLLM's counter names and definitions, plus loosespec's.
+
+    Counts as vLLM counts them: ``num_drafts`` (rounds that drafted; an accepted SpecGuard step is one),
+    ``num_draft_tokens``, ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``; rates derived as vLLM
+    derives them: ``draft_acceptance_rate`` = accepted / draft tokens, ``mean_acceptance_length`` =
+    1 + accepted / drafts (1 when nothing was drafted), ``per_position_acceptance_rate[i]`` = accepted
+    at position i / drafts. ``num_rounds`` is loosespec's: target verification rounds (drafting or not)
+    plus accepted SpecGuard steps; ``completion_tokens / num_rounds`` is Spec-Bench's mean accepted length.
+    """
+    s = result_stats
+    drafts = s.drafts
     spec = {
         "method": cfg.method, "drafter": cfg.drafter, "lossy": cfg.lossy,
-        "mean_acceptance_length": s["mean_accepted_length"],
-        "draft_acceptance_rate": s["acceptance_rate"],
-        "num_draft_tokens": s["drafted_tokens"],
-        "num_accepted_draft_tokens": s["accepted_tokens"],
-        "num_spec_steps": s["rounds"],
-        "per_position_acceptance": s["per_position_acceptance"],
-        "target_forwards": s["target_forwards"],
-        "draft_forwards": s["draft_forwards"],
+        "num_drafts": drafts,
+        "num_draft_tokens": s.drafted_tokens,
+        "num_accepted_tokens": s.accepted_tokens,
+        "num_accepted_tokens_per_pos": list(s.accepted_at),
+        "draft_acceptance_rate": round(s.acceptance_rate, 4),
+        "mean_acceptance_length": round(1 + s.accepted_tokens / drafts, 4) if drafts else 1.0,
+        "per_position_acceptance_rate": [round(a / drafts, 4) for a in s.accepted_at] if drafts else [],
+        "num_rounds": s.rounds,
+        "target_forwards": s.target_forwards,
+        "draft_forwards": s.draft_forwards,
     }
+    d = s.to_dict()
     for k in ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects",
               "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
               "mean_grounding", "mean_confidence", "mean_score"):
-        if k in s:
-            spec[k if k.startswith("fly_") else f"sg_{k}"] = s[k]
+        if k in d:
+            spec[k if k.startswith("fly_") else f"sg_{k}"] = d[k]
     return spec
 
 
@@ -490,7 +490,7 @@ class Frontend:
             if k in ("method",) or (k in ("drafter", "num_draft_tokens") and not same_method):
                 continue
             kw[k] = v
-        for k in _SPEC_FIELDS + ("temperature", "top_p"):
+        for k in _SPEC_FIELDS:
             v = getattr(req, k)
             if v is not None:
                 kw[k] = v
@@ -508,9 +508,8 @@ class Frontend:
         try:
             cfg = DecodeConfig.create(method, kw.pop("drafter", None), kw.pop("num_draft_tokens", None),
                                       has_draft_model=has_draft, max_new_tokens=max_new_tokens, **kw)
-        except LoosespecError as e:  # the library speaks CLI ("use --method rejection"): say field names
-            message = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e))
-            raise ApiError(400, message, param=_param_of(message)) from None
+        except ConfigError as e:  # names the field: the request's own name for it
+            raise ApiError(400, e.render("field"), param=e.field) from None
         except TypeError as e:  # a wrong type that slipped through (should not happen)
             raise ApiError(400, f"bad parameter: {e}") from None
         if not has_draft and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
@@ -586,13 +585,6 @@ class Frontend:
             raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt")
         cfg = self.decode_config(req, self.max_new_tokens(requested, int(ids.numel()), param, chat))
         return ids, cfg
-
-
-def _param_of(message: str) -> Optional[str]:
-    for name in _SPEC_FIELDS + ("temperature", "top_p", "max_new_tokens", "stop"):
-        if name in message:
-            return "max_tokens" if name == "max_new_tokens" else name
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -760,6 +752,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     if not loc:
         return "the request body must be a JSON object (Content-Type: application/json)", None
     msg = str(e.get("msg", "invalid value"))
+    value = e.get("input")
+    if isinstance(value, (str, int, float, bool)) and len(repr(value)) <= 80:
+        msg += f", got {json.dumps(value)}"
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + more, param
 

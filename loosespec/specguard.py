@@ -4,7 +4,7 @@ methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
 
 1. draft ``sg_candidates`` candidates with the draft model (the first greedy, the others sampled
    at ``sg_temperature`` from the seeded generator), each up to the delimiter;
-2. embed them and keep the most consistent one (:func:`~loosespec.verify.specguard.medoid`);
+2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`);
 3. score it: grounding G from one eager-attention forward of the draft over the step, confidence
    C from the log-probs the draft produced while writing it;
 4. accept it iff S = beta C + (1 - beta) G >= tau: its tokens are committed without any target
@@ -39,7 +39,7 @@ from .errors import LoosespecError
 from .kv import CachedLM, common_prefix_len
 from .stats import Stats
 from .verify.sampling import SamplingParams, logits_to_probs, sample
-from .verify.specguard import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
+from .verify.grounding import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
                                step_length, step_score)
 
 
@@ -140,27 +140,32 @@ class CandidateFirst:
         return self.rest.propose(seq, k) if self.rest is not None else EMPTY_DRAFT
 
 
-def decode_steps(
-    target: CachedLM,
-    draft: CachedLM,
-    drafter: Drafter | None,  # token-level drafter for the rest of a draft-assisted target step
-    rule,  # token-level rule for target steps
-    token_decode: Callable,  # engine.decode, the token-level loop
-    embed: Callable[[list[Candidate], list[str]], torch.Tensor],
-    detokenize: Callable[[list[int]], str],
-    prompt_ids: torch.Tensor,  # [P] int64, CPU
-    cfg: DecodeConfig,
-    stop_ids: Collection[int],
-    stats: Stats,
-    generator: torch.Generator | None,
-    side: DraftSide | None = None,  # the draft's ids; None: the draft shares the target's tokenizer
-) -> Iterator[list[int]]:
+@dataclass
+class StepParts:
+    """What SpecGuard's step loop uses of the engine, as one object."""
+
+    target: CachedLM
+    draft: CachedLM
+    drafter: Drafter | None  # token-level drafter for the rest of a draft-assisted target step
+    rule: object  # token-level rule for target steps (loosespec.rules.Rule)
+    token_decode: Callable  # engine.decode, the token-level loop
+    embed: Callable[[list[Candidate], list[str]], torch.Tensor]
+    detokenize: Callable[[list[int]], str]
+    stop_ids: Collection[int]
+    generator: torch.Generator | None
+    side: DraftSide | None = None  # the draft's ids; None: the draft shares the target's tokenizer
+
+
+def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
     """Yield one committed step at a time until an end token or ``cfg.max_new_tokens``.
 
-    With a draft of another tokenizer (``side`` with a bridge), candidates are drafted, embedded
-    and scored in the draft's ids on the re-encoded text, and the chosen one travels to the
-    target as text (:mod:`loosespec.bridge`)."""
-    side = side or DraftSide(detokenize, stop_ids)
+    ``prompt_ids``: [P] int64, CPU. With a draft of another tokenizer (``parts.side`` with a bridge),
+    candidates are drafted, embedded and scored in the draft's ids on the re-encoded text, and the
+    chosen one travels to the target as text (:mod:`loosespec.bridge`)."""
+    target, draft, drafter, rule = parts.target, parts.draft, parts.drafter, parts.rule
+    token_decode, embed, detokenize = parts.token_decode, parts.embed, parts.detokenize
+    stop_ids, generator = parts.stop_ids, parts.generator
+    side = parts.side or DraftSide(detokenize, stop_ids)
     seq = prompt_ids
     produced = 0
 

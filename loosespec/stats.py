@@ -3,7 +3,11 @@
 - ``mean_accepted_length`` (tau) = emitted tokens / rounds, the bonus or correction token
   included, so plain autoregressive decoding has tau = 1.
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens.
-- ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one.
+- ``drafts`` = rounds that drafted at least one token (vLLM's ``num_drafts``; with the cost-aware
+  draft length some rounds draft nothing), an accepted SpecGuard step counting as one.
+- ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one;
+  the counts behind it are ``num_drafted_per_pos`` and ``num_accepted_tokens_per_pos`` (vLLM's name),
+  so rates pool across runs.
 - rule counters (FLy: ``fly_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
   ``fly_window_rejects``, ``fly_boundary_rejects``) are summed over rounds.
 - SpecGuard (method ``specguard``): ``steps``, ``accepted_steps`` (the draft's step kept),
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 class Stats:
     new_tokens: int = 0
     rounds: int = 0
+    drafts: int = 0  # rounds that drafted at least one token (vLLM's num_drafts); an accepted SpecGuard step is one
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     target_forwards: int = 0
@@ -53,6 +58,7 @@ class Stats:
         self.rounds += 1
         for name, count in (events or {}).items():
             self.events[name] = self.events.get(name, 0) + count
+        self.drafts += drafted > 0
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.new_tokens += emitted
@@ -75,6 +81,7 @@ class Stats:
         self.candidates_drafted += candidates
         if record["accepted"]:
             self.rounds += 1
+            self.drafts += 1
             self.drafted_tokens += record["tokens"]
             self.accepted_tokens += record["tokens"]
             self.new_tokens += record["tokens"]
@@ -111,6 +118,7 @@ class Stats:
             "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens,
             "rounds": self.rounds,
+            "drafts": self.drafts,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "drafted_tokens": self.drafted_tokens,
@@ -118,6 +126,8 @@ class Stats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at)],
+            "num_drafted_per_pos": list(self.drafted_at),
+            "num_accepted_tokens_per_pos": list(self.accepted_at),
             "wall_s": round(self.wall_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),

@@ -3,6 +3,7 @@ checks, and (tiny offline models) resume after a finished run, a torn line and a
 
 from __future__ import annotations
 
+import math
 import json
 import os
 import signal
@@ -278,3 +279,28 @@ def test_category_table_has_accuracy_per_category():
     table = B.format_category_table(B.summarize(HAND))
     assert "| b | fly-ngram (lossy) | 2 | 3.33x | 2.00 | 0.50 | 1.00 | 0.00 |" in table
     assert "| a | ar | 1 | 1.00x | 1.00 | 1.00 | 1.00 | 1.00 |" in table
+
+
+def test_acceptance_by_position_pools_counts_over_prompts():
+    a = row("q1", "exact-ngram", 1.0, [1])
+    a["stats"] = {"num_drafted_per_pos": [4, 2], "num_accepted_tokens_per_pos": [2, 1]}
+    b = row("q2", "exact-ngram", 1.0, [1])
+    b["stats"] = {"num_drafted_per_pos": [4, 2, 2], "num_accepted_tokens_per_pos": [4, 2, 0]}
+    old = row("q3", "exact-ngram", 1.0, [1])  # written before the counts existed: left out, not read as zeros
+    assert B.acceptance_by_position([a, b, old]) == {"exact-ngram": [6 / 8, 3 / 4, 0 / 2]}
+
+
+def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    heights = []
+    real_bar = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda self, x, h, *a, **k: heights.append(list(h)) or real_bar(self, x, h, *a,
+                                                                                                        **k))
+    summary = {"methods": {"ar": {}, "exact-ngram": {}},
+               "categories": {"a": {"exact-ngram": {"speedup": 1.5}}, "b": {}}}  # exact-ngram did not run in b
+    B.plot([], summary, tmp_path)
+    assert heights[0][0] == 1.5 and math.isnan(heights[0][1])

