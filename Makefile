@@ -128,7 +128,7 @@ vllm: $(VLLM_VENV)/.installed
 test-vllm: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
-	$(BIN)/python -m pytest -q -s -m vllm tests/test_vllm_integration.py
+	$(BIN)/python -m pytest -q -s -m vllm tests/integrations/test_vllm_integration.py
 
 # vLLM (make vllm) on the default pair: vllm-ar / vllm-ngram / vllm-draft / vllm-fly (LOSSY) next to the
 # transformers ar, batch of one, on the prompts of `make benchmarks`: the first VLLM_N GSM8K problems (384

@@ -16,7 +16,7 @@ import json
 from math import comb
 from pathlib import Path
 
-from loosespec.bench import ResultsFile, wilson
+from loosespec.eval.harness import ResultsFile, wilson
 
 
 def mcnemar_exact(b: int, c: int) -> float:

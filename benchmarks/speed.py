@@ -1,6 +1,6 @@
 """Side-by-side speed of loosespec's methods and transformers' own speculative decoding.
 
-The resumable, scored harness for whole datasets is ``loosespec bench`` (loosespec/bench.py, whose
+The resumable, scored harness for whole datasets is ``loosespec bench`` (loosespec/eval/harness.py, whose
 method runners this script shares); this script keeps the multi-set prompt lists of issues 2-4.
 
 Same process, same loaded models, same chat-formatted prompt ids, interleaved per prompt (machine
@@ -25,7 +25,7 @@ threshold 0.4). Greedy throughout. Speedup = total ``ar`` wall time / total meth
 the same prompts. Every output is compared with ``ar``'s: lossless methods should agree (bf16
 matmuls of different shapes can flip a near-tie, so agreement is counted, not assumed); for the
 lossy methods the count of differing outputs and a few side-by-side examples are printed. GSM8K
-prompts are also scored (``loosespec.datasets.extract_number``): accuracy, recovery (method
+prompts are also scored (``loosespec.eval.datasets.extract_number``): accuracy, recovery (method
 accuracy / ``ar`` accuracy) and the paired counts.
 """
 
@@ -43,9 +43,9 @@ from pathlib import Path
 import torch
 
 from loosespec import Engine
-from loosespec.bench import HF_GENERATION_KWARGS, WARMUP_TOKENS, is_lossy, method_config, run_method
-from loosespec.datasets import data_dir, gsm8k, is_correct
-from loosespec.text import encode_prompt
+from loosespec.eval.harness import HF_GENERATION_KWARGS, WARMUP_TOKENS, is_lossy, method_config, run_method
+from loosespec.eval.datasets import data_dir, gsm8k, is_correct
+from loosespec.decode.text import encode_prompt
 
 
 def load_prompts(spec: str, data: Path) -> list[tuple[str, str, str, str | None]]:

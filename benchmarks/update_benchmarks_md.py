@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from loosespec.bench import RESULTS, ResultsFile, report
+from loosespec.eval.harness import RESULTS, ResultsFile, report
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DOTALL)

@@ -2,7 +2,9 @@
 
 Library entry points::
 
-    from loosespec import Engine, DecodeConfig
+    from loosespec import Engine
+
+    from loosespec import DecodeConfig
     engine = Engine.load()  # default Qwen2.5-Coder 1.5B target, 0.5B draft
     result = engine.generate("Write quicksort in Python.", DecodeConfig.create("exact", has_draft_model=True))
     print(result.text, result.stats.to_dict())
@@ -13,7 +15,7 @@ __version__ = "0.1.0"
 __all__ = ["Engine", "DecodeConfig", "GenerationResult", "LoosespecError", "__version__"]
 
 # Imported on first use (PEP 562): the acceptance rules (loosespec.verify) and the vLLM plugin
-# (loosespec.vllm) need only torch, and run inside vLLM's environment, whose transformers is older than
+# (loosespec.integrations.vllm) need only torch, and run inside vLLM's environment, whose transformers is older than
 # the engine's.
 _LAZY = {"DecodeConfig": ".config", "Engine": ".engine", "GenerationResult": ".engine", "LoosespecError": ".errors"}
 

@@ -17,10 +17,10 @@ from typing import Optional
 os.environ.setdefault("TYPER_USE_RICH", "0")  # plain one-screen click errors, no boxed tracebacks
 import typer  # noqa: E402
 
-from .config import (KNOBS, VLLM_KNOBS, ConfigError, DecodeConfig, knob_default, knob_help,  # noqa: E402
+from loosespec.config import (KNOBS, VLLM_KNOBS, ConfigError, DecodeConfig, knob_default, knob_help,  # noqa: E402
                      knob_info, knob_type)
-from .errors import LoosespecError  # noqa: E402
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
+from loosespec.errors import LoosespecError  # noqa: E402
+from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED  # noqa: E402
 
 BENCH_DEFAULT_METHODS = ("ar", "exact-ngram", "exact-mla", "fly-ngram", "fly-mla", "hf-pld", "hf-assist")
 
@@ -180,7 +180,7 @@ def generate(
     draft tokens the target would not have chosen, specguard whole draft steps; their output
     differs from the target's own and their results carry "lossy": true.
     """
-    from .engine import Engine
+    from loosespec.decode.engine import Engine
 
     text = _read_prompt(prompt, prompt_file)
     draft_spec = resolve_draft(draft, target)
@@ -258,9 +258,9 @@ def calibrate(
     draft candidate is still scored; a step "agrees" when the target wrote exactly the candidate.
     Prints the proposed tau, its accept rate, precision and recall, and the score distributions.
     """
-    from .calibrate import calibrate_specguard
-    from .datasets import load_dataset
-    from .engine import Engine
+    from loosespec.eval.calibrate import calibrate_specguard
+    from loosespec.eval.datasets import load_dataset
+    from loosespec.decode.engine import Engine
 
     if method != "specguard":
         raise LoosespecError(f"calibrate supports method 'specguard' only (it has the threshold tau), got '{method}'")
@@ -333,8 +333,8 @@ def bench(
     command skips finished pairs. fly-* and specguard* are LOSSY: their accuracy is measured
     against ar on the same prompts (recovery, paired counts, identical outputs).
     """
-    from . import bench as B
-    from . import datasets as D
+    from loosespec.eval import harness as B
+    from loosespec.eval import datasets as D
 
     max_new_tokens, temperature, top_p, top_k, seed, sg_tau, adaptive_draft_length = (knobs[n] for n in BENCH_KNOBS)
     if limit is not None and limit < 1:
@@ -366,10 +366,10 @@ def bench(
                                  "context_lengths": _csv_numbers(context_lengths, int, "--context-lengths"),
                                  "depths": _csv_numbers(depths, float, "--depths")}.items() if v is not None}
     problems = D.load_dataset(dataset, limit, data_dir, **options)  # validates name and options early
-    from .models import pick_device
+    from loosespec.models import pick_device
 
     resolved = str(pick_device(device))
-    from .hardware import resolve_precision
+    from loosespec.hardware import resolve_precision
 
     precision = resolve_precision(dtype, quantize, pick_device(device))
     config = B.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
@@ -384,8 +384,8 @@ def bench(
     rows = B.ResultsFile(out / B.RESULTS).read()
     done = {(r["question_id"], r["method"]) for r in rows}
     if B.pending_pairs(problems, method_list, done):
-        from .engine import Engine
-        from .text import encode_prompt
+        from loosespec.decode.engine import Engine
+        from loosespec.decode.text import encode_prompt
 
         engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize)
         if dataset == "niah":  # sized in the target's tokens
@@ -396,8 +396,8 @@ def bench(
               f"{len(done)} already in {out / B.RESULTS}", file=sys.stderr)
         vllm = None
         if any(m.startswith("vllm-") for m in method_list):
-            from .models import resolve
-            from .vllm.runner import VllmSettings
+            from loosespec.models import resolve
+            from loosespec.eval.peers.vllm import VllmSettings
 
             if precision.name not in ("bfloat16", "float32", "int8") or (resolved != "cpu"
                                                                          and not resolved.startswith("cuda")):
@@ -434,7 +434,7 @@ def report(
                                               "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
-    from . import bench as B
+    from loosespec.eval import harness as B
 
     method_list = B.parse_methods(methods) if methods else None
     summary, table = B.report(out, method_list, draw=plots)
@@ -483,12 +483,12 @@ def serve(
     target's own, and their responses say "lossy": true in metrics.
     """
     try:
-        from .server import ServerSettings
-        from .server import serve as run_server
+        from loosespec.serve.app import ServerSettings
+        from loosespec.serve.app import serve as run_server
     except ImportError as e:
         raise LoosespecError(f"the server needs its optional dependencies ({e.name or e}): "
                              "pip install 'loosespec[server]'") from e
-    from .engine import Engine
+    from loosespec.decode.engine import Engine
 
     if max_queue < 1:
         raise LoosespecError(f"--max-queue must be >= 1, got {max_queue}")
@@ -534,8 +534,8 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
     """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
     import os
 
-    from .models import resolve
-    from .vllm.runner import DEFAULT_VLLM, VllmSettings, method_for, server_command
+    from loosespec.models import resolve
+    from loosespec.eval.peers.vllm import DEFAULT_VLLM, VllmSettings, method_for, server_command
 
     if drafter is None and method != "ar":  # vLLM's proposers: a draft model, else prompt lookup (no MLA)
         drafter = "model" if draft_spec is not None else "ngram"
@@ -559,7 +559,7 @@ def models_list(ctx: typer.Context):
     """List the embedded models with their state (missing / downloaded / ready), size and path."""
     if ctx.invoked_subcommand is not None:
         return
-    from .models import cache_root, list_models
+    from loosespec.models import cache_root, list_models
 
     print(f"cache: {cache_root()}  (set LOOSESPEC_CACHE to move it)")
     print(f"{'name':30} {'state':11} {'size':>9}  path")
@@ -571,7 +571,7 @@ def models_list(ctx: typer.Context):
 @models_app.command("pull")
 def models_pull(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDDED)}, or 'all'.")):
     """Download, verify (sha256) and convert an embedded model once, with a progress bar."""
-    from .models import pull
+    from loosespec.models import pull
 
     for n in (list(EMBEDDED) if name == "all" else [name]):
         print(pull(n, progress=True))
@@ -592,9 +592,9 @@ def models_cost(
     Measured once per model, precision, device and CPU (a few seconds, after 128 cached tokens)
     and cached in $LOOSESPEC_CACHE/costs. Speculation pays where c(k+1)/c(1) stays small.
     """
-    from .cost import cost_curve, format_curve
-    from .kv import CachedLM
-    from .models import load
+    from loosespec.cost import cost_curve, format_curve
+    from loosespec.decode.kv import CachedLM
+    from loosespec.models import load
 
     if max_n < 1:
         raise LoosespecError(f"--max-n must be >= 1, got {max_n}")

@@ -3,8 +3,8 @@
 Each field of :class:`DecodeConfig` is declared with :func:`knob`: its default, help text,
 bounds or choices (validated by pydantic), and where it appears. Everything else derives from
 that one declaration: the CLI options of ``generate``, ``serve``, ``calibrate`` and ``bench``
-(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.server``), the
-vLLM plugin's FLy settings (``loosespec.vllm.rule``) and the errors. Adding a knob is one
+(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.serve.app``), the
+vLLM plugin's FLy settings (``loosespec.integrations.vllm.rule``) and the errors. Adding a knob is one
 :func:`knob` line (plus the code that uses it).
 
 Field names are the public names everywhere: CLI flags (``--num-draft-tokens``), ``--json``
@@ -24,9 +24,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
-from .errors import LoosespecError
-from .methods import LOSSY_METHODS  # noqa: F401 (re-exported)
-from .methods import METHODS as _REGISTRY
+from loosespec.errors import LoosespecError
+from loosespec.methods import LOSSY_METHODS  # noqa: F401 (re-exported)
+from loosespec.methods import METHODS as _REGISTRY
 
 METHODS = {name: m.summary for name, m in _REGISTRY.items()}  # name -> one line of help (loosespec.methods)
 FLY_SAMPLING = ("two-sample", "rejection")
@@ -76,7 +76,7 @@ class Knob:
     escapes: bool = False  # on the command line, backslash escapes (\\n) are interpreted
     auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
     lossy: str | None = None  # the lossy method the knob belongs to ("fly", "specguard"), for the help text
-    vllm: bool = False  # a setting of the vLLM plugin too (loosespec.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
+    vllm: bool = False  # a setting of the vLLM plugin too (loosespec.integrations.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
 
 
 def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING,
@@ -202,7 +202,7 @@ class DecodeConfig:
                                   le=128)
     draft_confidence_threshold: float = knob(0.3, "model drafter, greedy: stop drafting below this top "
                                              "probability.", ge=0.0, le=1.0)
-    # cost-aware draft length (loosespec.draftlen): each round drafts 0..K tokens, as far as it pays;
+    # cost-aware draft length (loosespec.decode.draftlen): each round drafts 0..K tokens, as far as it pays;
     # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
     adaptive_draft_length: bool = knob(
         True, "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "

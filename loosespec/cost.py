@@ -7,7 +7,7 @@ AVX-512 CPU, ``results/bench/cpu/cost_target.json``). So the
 curve is measured, not assumed: on first use per (model, precision, device, CPU model, threads,
 torch version), over a cached context of ``CONTEXT`` tokens, a few seconds, and cached as JSON in
 ``$LOOSESPEC_CACHE/costs/``. ``loosespec models cost NAME`` prints it; the cost-aware draft length
-(:mod:`loosespec.draftlen`) and ``benchmarks/rule_cost.py`` read it from here.
+(:mod:`loosespec.decode.draftlen`) and ``benchmarks/rule_cost.py`` read it from here.
 
 Between measured points ``c(n)`` is interpolated linearly; past the last one it is extrapolated
 with the last segment's slope.
@@ -73,7 +73,7 @@ def points(max_n: int) -> list[int]:
 def measure(lm, max_n: int, *, context: int = CONTEXT, repeats: int = REPEATS, vocab: int | None = None,
             timer: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None,
             progress: Callable[[str], None] | None = None) -> CostCurve:
-    """Time ``lm`` (a :class:`~loosespec.kv.CachedLM`) over ``n = 1 .. max_n`` new tokens.
+    """Time ``lm`` (a :class:`~loosespec.decode.kv.CachedLM`) over ``n = 1 .. max_n`` new tokens.
 
     The tokens are fixed pseudo-random ids (the cost of a forward does not depend on which ids),
     after ``context`` cached ones; one untimed forward first warms kernels and allocators. The
@@ -121,7 +121,7 @@ def curve_key(identity: dict) -> str:
 
 def model_identity(loaded, device: torch.device) -> dict:
     """What a cost curve depends on: the model, its precision and the machine it runs on."""
-    from .hardware import describe_device
+    from loosespec.hardware import describe_device
 
     precision = loaded.precision.name if loaded.precision is not None else str(next(loaded.model.parameters()).dtype)
     return {"model": loaded.source.spec, "revision": loaded.source.revision, "precision": precision,
@@ -131,7 +131,7 @@ def model_identity(loaded, device: torch.device) -> dict:
 def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, refresh: bool = False,
                progress: Callable[[str], None] | None = None, **measure_kw) -> CostCurve:
     """The cached curve of ``loaded`` covering ``1 .. max_n``, measured now if there is none."""
-    from .models import cache_root
+    from loosespec.models import cache_root
 
     identity = model_identity(loaded, lm.device)
     path = (cache_dir or cache_root() / "costs") / f"{curve_key(identity)}.json"
@@ -145,7 +145,7 @@ def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, re
     if progress:
         progress(f"measuring forward cost of {loaded.source.spec} ({identity['precision']}, {identity['device']}), "
                  f"once for this machine ...")
-    from .engine import sync
+    from loosespec.decode.engine import sync
 
     curve = measure(lm, max_n, sync=lambda: sync(lm.device), progress=progress, **measure_kw)
     curve = CostCurve(curve.ns, curve.seconds, {**identity, "context": measure_kw.get("context", CONTEXT),

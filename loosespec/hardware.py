@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import LoosespecError
+from loosespec.errors import LoosespecError
 
 # CPU flags that matter for the precision choice and that every timing records
 FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")

@@ -2,7 +2,7 @@
 with, the counters it reports. Everything that needs to know about methods reads this registry:
 ``DecodeConfig`` (names, lossiness), ``Engine.build`` (the rule), the server's Prometheus counters,
 the bench harness (method names and lossiness labels). Adding a method is one :class:`Method` here
-(plus its rule in :mod:`loosespec.rules`, or its step loop for step-level methods).
+(plus its rule in :mod:`loosespec.verify.rules`, or its step loop for step-level methods).
 
 No torch at import time: :mod:`loosespec.config` imports this.
 """
@@ -25,7 +25,7 @@ class Method:
 
     def make_rule(self, cfg, sampling, generator):
         """The rule verifying this method's rounds (for a step-level method: its target steps' rounds)."""
-        from .rules import FlyRule, GreedyRule, RejectionRule
+        from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
 
         fly = self.name == "fly" or (self.step_level and cfg.sg_on_reject == "draft-assisted"
                                      and cfg.sg_verify == "fly")

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import LoosespecError
-from .hardware import Precision, resolve_precision
+from loosespec.errors import LoosespecError
+from loosespec.hardware import Precision, resolve_precision
 
 CONVERTED_DTYPE = torch.float32  # dequantized weights are stored exactly, cast at load time
 
@@ -405,7 +405,7 @@ def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = 
     if src.kind == "hub":
         src = ModelSource(src.spec, src.kind, src.path, getattr(model.config, "_commit_hash", None) or "")
     if precision.quantize == "int8":
-        from .quant import cache_file, quantize_model
+        from loosespec.quant import cache_file, quantize_model
 
         key = f"{src.kind}|{src.path}|{src.revision}"
         if src.kind == "local":  # a directory can change under the same path: its weight files are the key

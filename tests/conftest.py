@@ -84,7 +84,7 @@ def _loaded(path, name) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_dir):
-    from loosespec.engine import Engine
+    from loosespec.decode.engine import Engine
 
     return Engine(_loaded(tiny_dir / "target", "tiny-target"), _loaded(tiny_dir / "draft", "tiny-draft"))
 
@@ -92,7 +92,7 @@ def tiny_engine(tiny_dir):
 @pytest.fixture(scope="session")
 def tiny_self_engine(tiny_dir):
     """The tiny target drafting for itself: every greedy draft token must be accepted."""
-    from loosespec.engine import Engine
+    from loosespec.decode.engine import Engine
 
     return Engine(_loaded(tiny_dir / "target", "tiny-target"), _loaded(tiny_dir / "target", "tiny-target"))
 
@@ -100,7 +100,7 @@ def tiny_self_engine(tiny_dir):
 @pytest.fixture(scope="session")
 def smol_engine():
     """SmolLM2-135M-Instruct in float32 as target and (same weights) draft."""
-    from loosespec.engine import Engine
+    from loosespec.decode.engine import Engine
     from loosespec.models import load
 
     t = load("smollm2-135m-instruct", "float32", "cpu", progress=False)

@@ -91,7 +91,7 @@ def test_cli_options_derive_from_the_schema():
 
 def test_server_request_fields_derive_from_the_schema():
     pydantic = pytest.importorskip("pydantic")
-    from loosespec.server import CommonFields, SpecFields
+    from loosespec.serve.app import CommonFields, SpecFields
 
     assert set(SpecFields.model_fields) == {n for n in KNOBS if knob_info(n).request}
     for name, bad in (("num_draft_tokens", 0), ("fly_entropy_top_k", 1), ("sg_tau", -1.0), ("method", "magic")):
@@ -104,7 +104,7 @@ def test_server_request_fields_derive_from_the_schema():
 
 
 def test_vllm_settings_share_defaults_and_bounds():
-    from loosespec.vllm.rule import FlySettings
+    from loosespec.integrations.vllm.rule import FlySettings
 
     s = FlySettings()
     for f in dataclasses.fields(s):
@@ -116,8 +116,8 @@ def test_vllm_settings_share_defaults_and_bounds():
 DUMMY_PROBE = r'''
 import json, typer, pydantic
 from loosespec.cli import app
-from loosespec.server import CommonFields
-from loosespec.vllm.rule import FlySettings, fly_env
+from loosespec.serve.app import CommonFields
+from loosespec.integrations.vllm.rule import FlySettings, fly_env
 cmd = typer.main.get_command(app)
 out = {c: [p.opts for p in cmd.commands[c].params if p.name == "fly_dummy"] for c in ("generate", "serve")}
 try:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from loosespec import quant
-from loosespec.kv import CachedLM
+from loosespec.decode.kv import CachedLM
 from loosespec.quant import RowwiseInt8Linear, quantize_model
 
 pytestmark = pytest.mark.skipif(quant.int8_supported() is False, reason="torch has no x86/fbgemm int8 engine")
@@ -89,7 +89,7 @@ def test_torn_cache_is_rebuilt(tiny_dir, tmp_path):
 def test_smollm_int8_exact_equals_ar(drafter, tmp_path, monkeypatch):
     """End to end on a real model in int8: lossless stays lossless within the precision."""
     from loosespec.config import DecodeConfig
-    from loosespec.engine import Engine
+    from loosespec.decode.engine import Engine
     from loosespec.models import load
 
     t = load("smollm2-135m-instruct", "auto", "cpu", progress=False, quantize="int8")

@@ -15,7 +15,7 @@ class Draft:
     tokens: [K] int64 on the CPU (K may be 0: the round degrades to one target step)
     probs:  [K, V] the distribution each token was drawn from (``q`` in rejection sampling), or
             None when the proposal is deterministic (greedy drafting, n-gram lookup): one-hot q.
-    draft_units: set by a cross-tokenizer drafter (loosespec.bridge): the proposal's length in the
+    draft_units: set by a cross-tokenizer drafter (loosespec.drafters.bridge): the proposal's length in the
             draft model's own tokens, before re-encoding into the target's.
     """
 

@@ -16,12 +16,12 @@ from collections.abc import Collection
 
 import torch
 
-from ..kv import CachedLM
-from ..verify.exact import greedy_verify
-from ..verify.rejection import rejection_verify
-from ..verify.sampling import SamplingParams, logits_to_probs
-from .base import Draft
-from .ngram import ngram_lookup
+from loosespec.decode.kv import CachedLM
+from loosespec.verify.exact import greedy_verify
+from loosespec.verify.rejection import rejection_verify
+from loosespec.verify.sampling import SamplingParams, logits_to_probs
+from loosespec.drafters.base import Draft
+from loosespec.drafters.ngram import ngram_lookup
 
 
 class MlaDrafter:

@@ -14,9 +14,9 @@ from collections.abc import Collection
 
 import torch
 
-from ..kv import CachedLM
-from ..verify.sampling import SamplingParams, logits_to_probs, sample
-from .base import Draft
+from loosespec.decode.kv import CachedLM
+from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
+from loosespec.drafters.base import Draft
 
 
 class ModelDrafter:

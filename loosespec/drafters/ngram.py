@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 import torch
 
-from .base import Draft
+from loosespec.drafters.base import Draft
 
 
 def ngram_lookup(

@@ -7,10 +7,10 @@ logits ``z[0..K]`` (row ``j`` predicts the token at draft position ``j``). A rul
 **correction** at the first rejected position, or the **bonus** after a fully accepted draft.
 """
 
-from .exact import first_false, greedy_verify, match_mask, prefix_verdict
-from .rejection import rejection_verify
-from .sampling import SamplingParams, logits_to_probs, sample
-from .types import Verdict
+from loosespec.verify.exact import first_false, greedy_verify, match_mask, prefix_verdict
+from loosespec.verify.rejection import rejection_verify
+from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
+from loosespec.verify.types import Verdict
 
 __all__ = [
     "Verdict", "SamplingParams", "logits_to_probs", "sample", "match_mask", "first_false",

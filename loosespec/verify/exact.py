@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import Verdict
+from loosespec.verify.types import Verdict
 
 
 def match_mask(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:

@@ -46,14 +46,14 @@ from dataclasses import replace
 
 import torch
 
-from ..config import knob_default
-from .exact import first_false, match_mask, prefix_verdict
-from .rejection import native_accept, next_token
-from .sampling import sample
+from loosespec.config import knob_default
+from loosespec.verify.exact import first_false, match_mask, prefix_verdict
+from loosespec.verify.rejection import native_accept, next_token
+from loosespec.verify.sampling import sample
 
 # the knobs' declared defaults (loosespec.config), for callers of these functions that pass none
 THETA, WINDOW, TOP_K = (knob_default(n) for n in ("fly_entropy_threshold", "fly_window_size", "fly_entropy_top_k"))
-from .types import Verdict
+from loosespec.verify.types import Verdict
 
 
 def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:

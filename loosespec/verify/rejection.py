@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .exact import first_false
-from .types import Verdict
+from loosespec.verify.exact import first_false
+from loosespec.verify.types import Verdict
 
 
 def native_accept(

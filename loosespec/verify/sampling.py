@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import knob_default
+from loosespec.config import knob_default
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class SamplingParams:
     top_p: float = knob_default("top_p")
     top_k: int = knob_default("top_k")  # 0 disables top-k
     # [V] bool: tokens that may be drawn at all (a draft restricted to the vocabulary it shares with
-    # the target, loosespec.bridge); None: every token
+    # the target, loosespec.drafters.bridge); None: every token
     vocab_mask: torch.Tensor | None = field(default=None, compare=False)
 
     @property

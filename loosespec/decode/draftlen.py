@@ -1,0 +1,195 @@
+"""Cost-aware draft length: each round drafts only as far as it pays (beyond the papers, which fix K).
+
+Each round the engine may draft 0..K tokens. Drafting k tokens and verifying them in one target
+forward is expected to commit
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
+
+tokens, where ``a_i`` is the running estimate of the probability that draft position i is accepted
+given that position i - 1 was, for the current drafter and rule; it costs
+
+    T(k) = D(k) + c_target(k + 1)
+
+seconds, ``c_target`` the target's measured cost curve (:mod:`loosespec.cost`) and ``D(k)`` the
+draft's modelled cost of k tokens (draft-model forwards priced by the draft's own cost curve;
+n-gram lookup is free). The round drafts the k that maximises ``E(k) / T(k)``. ``k = 0`` (one
+plain target step, the rate of autoregressive decoding) is always a candidate, so the policy
+never *chooses* to be slower than ``ar``: where no k pays, it verifies none.
+
+The estimate lives with the drafter (:class:`CostAwareDrafter`), which learns each round's
+outcome through ``feedback(drafted, accepted)`` (as transformers' ``update_candidate_strategy``).
+A drafter with levels (MLA: the free n-gram lookup, then the draft model) keeps one estimate per
+level and each round picks the level and the length together, or no draft.
+Counts decay by ``decay`` per round, towards the prior, so a drafter that stopped paying is
+tried again after a while: that exploration is the only time the policy drafts where its current
+estimate says it does not pay.
+
+The prior is hierarchical: position 1's prior is ``prior_mean``, and each later position's is the
+estimate for the position before it, so a position never reached yet is judged by the evidence
+that is there, not by an optimistic constant (a lookup whose first token is rarely right does not
+keep drafting ten). A draft model's first rounds cost real time, so its level starts from a lower
+``prior_mean`` (:data:`MODEL_PRIOR_MEAN`) than free lookup: a new draft model is tried at a short
+length and drafts further only as the evidence says it pays.
+
+Everything the choice depends on is deterministic given the cached cost curves (modelled costs,
+not wall-clock time), so a run reproduces its draft lengths, and a lossy method's output, exactly.
+
+FLy: the rule's deferral boundary keeps the nominal K the user asked for
+(:func:`loosespec.verify.fly.within_boundary`), so a shorter draft never defers where a full one
+would not; FLy with k <= W cannot defer at all, which the estimate learns as lower acceptance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loosespec.cost import CostCurve
+from loosespec.drafters.base import EMPTY_DRAFT, Draft
+
+# Optimistic before any evidence (a new drafter is tried), worth one round of evidence: a drafter that
+# does not pay is dropped after a round or two, and one that does is kept.
+PRIOR_MEAN = 0.9  # conditional acceptance of position 1 before any evidence (free n-gram lookup)
+# A draft model: with the committed int8 curves (results/bench/cpu/cost_*.json, draft token ~0.4 of a
+# target step) 0.9 made the first round draft all 15 tokens, ~0.9 s for about one token on prompts where
+# the draft disagrees at once (translation); 0.7 makes the first try 2 tokens long.
+MODEL_PRIOR_MEAN = 0.7
+PRIOR_WEIGHT = 1.0  # in rounds
+DECAY = 0.97  # per round: evidence older than ~30 rounds fades towards the prior
+
+
+class AcceptanceEstimate:
+    """Per-position conditional acceptance ``a_i`` with forgetting, for positions 1..max_k."""
+
+    def __init__(self, max_k: int, prior_mean: float = PRIOR_MEAN, prior_weight: float = PRIOR_WEIGHT,
+                 decay: float = DECAY):
+        self.max_k = max_k
+        self.prior_mean = prior_mean
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.hits = [0.0] * max_k  # position i (0-based) accepted, having been reached
+        self.trials = [0.0] * max_k  # position i drafted and reached (every earlier position accepted)
+
+    def rates(self, k: int | None = None) -> list[float]:
+        """``a_1 .. a_k`` in one pass, each position's prior the estimate for the position before it."""
+        out, prior = [], self.prior_mean
+        for i in range(min(self.max_k if k is None else k, self.max_k)):
+            prior = (self.hits[i] + prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
+            out.append(prior)
+        return out
+
+    def rate(self, i: int) -> float:
+        """``a_{i+1}``: P(position i accepted | positions 0..i-1 accepted), 0-based i."""
+        return self.rates(i + 1)[i]
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """One round's outcome: ``accepted`` of ``drafted`` draft tokens kept (a prefix)."""
+        for i in range(self.max_k):
+            self.hits[i] *= self.decay
+            self.trials[i] *= self.decay
+        for i in range(min(drafted, accepted + 1, self.max_k)):
+            self.trials[i] += 1
+            self.hits[i] += i < accepted
+
+    def expected_tokens(self, k: int) -> float:
+        """``E(k)``: committed tokens expected from a round drafting k (bonus or correction included)."""
+        total, reach = 1.0, 1.0
+        for a in self.rates(k):
+            reach *= a
+            total += reach
+        return total
+
+
+class DraftLengthPolicy:
+    """Chooses a draft length from the cost curves and the acceptance estimate."""
+
+    def __init__(self, target_cost: CostCurve, draft_token_cost: float, max_k: int,
+                 estimate: AcceptanceEstimate | None = None, draft_cost_decay: float = 0.8):
+        self.target_cost = target_cost
+        self.draft_token_cost = draft_token_cost  # modelled seconds per drafted token (0 for n-gram lookup)
+        self.max_k = max_k
+        self.estimate = estimate or AcceptanceEstimate(max_k)
+        self.draft_cost_decay = draft_cost_decay
+
+    def expected_rate(self, k: int) -> float:
+        """Expected committed tokens per second of a round drafting k."""
+        return self.estimate.expected_tokens(k) / (k * self.draft_token_cost + self.target_cost(k + 1))
+
+    def best(self, k_cap: int) -> tuple[int, float]:
+        """The draft length in 0..k_cap with the highest expected rate, and that rate (one pass over k)."""
+        best_k, best = 0, self.expected_rate(0)
+        tokens, reach = 1.0, 1.0
+        for k, a in enumerate(self.estimate.rates(k_cap), start=1):
+            reach *= a
+            tokens += reach  # E(k), built up position by position
+            r = tokens / (k * self.draft_token_cost + self.target_cost(k + 1))
+            if r > best:
+                best_k, best = k, r
+        return best_k, best
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
+        """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted."""
+        self.estimate.update(drafted, accepted)
+        if drafted and draft_seconds is not None:
+            a = self.draft_cost_decay
+            self.draft_token_cost = a * self.draft_token_cost + (1 - a) * draft_seconds / drafted
+
+
+@dataclass
+class Level:
+    """One way of drafting: its drafter, its own policy, and the draft model's
+    :class:`~loosespec.decode.kv.CachedLM` whose ``modelled_s`` prices it (None: free, e.g. n-gram lookup)."""
+
+    name: str  # "lookup" | "model"; the round's level is counted as ``rounds_<name>`` (or ``rounds_none``)
+    drafter: object
+    policy: DraftLengthPolicy
+    lm: object | None = None
+
+
+class CostAwareDrafter:
+    """Wraps one or more drafting levels: each round drafts the level and length that pay best, or nothing.
+
+    A free level (no ``lm``) proposes first and is judged up to its proposal's length; a costly level
+    (the draft model) proposes only when chosen. The level not used this round learns nothing and its
+    evidence fades, so it is tried again later. With MLA's two levels, where lookup finds long copies
+    (summaries, edits of code in the prompt) the draft model is not run at all.
+    """
+
+    def __init__(self, levels: list[Level]):
+        self.levels = levels
+        self.name = levels[-1].drafter.name
+        self.level: Level | None = None
+        self.last_choice: int | None = None
+        self.round_events: dict[str, int] = {}
+        self._draft_s: float | None = None
+
+    def propose(self, seq: torch.Tensor, k: int) -> Draft:
+        options = [(None, 0, self.levels[0].policy.expected_rate(0), None)]  # no draft: a plain target step
+        for level in self.levels:
+            proposal = None
+            if level.lm is None:
+                proposal = level.drafter.propose(seq, k)
+                if not len(proposal):
+                    continue
+            options.append((level, *level.policy.best(len(proposal) if proposal is not None else k), proposal))
+        level, chosen, _, proposal = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
+        if chosen == 0:
+            level = None
+        self.level, self.last_choice, self._draft_s = level, chosen, None
+        self.round_events = {f"rounds_{level.name if level else 'none'}": 1}
+        if level is None:
+            return EMPTY_DRAFT
+        if proposal is not None:
+            return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen])
+        before = level.lm.modelled_s
+        draft = level.drafter.propose(seq, chosen)
+        self._draft_s = level.lm.modelled_s - before
+        return draft
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        for level in self.levels:
+            if level is self.level:
+                level.policy.observe(drafted, accepted, self._draft_s)
+            else:
+                level.policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again

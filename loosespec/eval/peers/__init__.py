@@ -1,0 +1,1 @@
+"""Other engines run by the bench harness beside loosespec's methods."""

@@ -1,0 +1,290 @@
+"""The sandbox child's bootstrap (loosespec.eval.sandbox): run as ``python -I -B -c <this file's text>
+<json config>`` inside the sandbox, before the model-generated code.
+
+Standard library only: the child is isolated and must not import loosespec (which pulls in torch).
+A real module, so linters and tests see it; importing it does nothing (the work is under
+``__main__``). It reads its configuration, installs the Python-level guard (file writes outside the
+sandbox directory, process creation, rlimit changes and, unless allowed, the network are refused),
+sets the resource limits and runs the program as ``__main__``.
+"""
+
+if __name__ == "__main__":
+    import os, sys, json
+    _cfg = json.loads(sys.argv[1])
+    _dir = _cfg["dir"]
+
+    def _fail(msg):
+        sys.stderr.write("loosespec-sandbox: setup failed: %s\n" % msg)
+        sys.stderr.flush()
+        os._exit(97)
+
+    if _cfg["ns"] == "full":
+        import ctypes, re
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+        def _mount(src, dst, flags):
+            if _libc.mount(src and os.fsencode(src), os.fsencode(dst), None, flags, None) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e), dst)
+
+        # 1. bound the number of processes: per-PID-namespace pid_max (kernel >= 6.14 only; on older
+        #    kernels this file is the global one, so the parent only asks for it on new kernels)
+        _cfg["pid_max_set"] = False
+        if _cfg.get("pid_max"):
+            try:
+                with open("/proc/sys/kernel/pid_max", "w") as f:
+                    f.write("301")
+                _cfg["pid_max_set"] = True
+            except OSError:
+                pass
+
+        # 2. everything read-only except the sandbox directory
+        MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+        MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+        MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
+        try:
+            _mount(None, "/", MS_REC | MS_PRIVATE)
+            _mount(_dir, _dir, MS_BIND | MS_REC)
+            with open("/proc/self/mountinfo", "rb") as f:
+                _points = []
+                for line in f:
+                    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), line.split()[4])
+                    _points.append(os.fsdecode(raw))  # octal escapes (\040 = space) decoded
+        except OSError as e:
+            _fail("sandbox dir bind mount: %s" % e)
+        _bad = []
+        for mp in sorted(set(_points)):
+            if mp == _dir or mp.startswith(_dir.rstrip("/") + "/"):
+                continue
+            try:
+                fl = os.statvfs(mp).f_flag
+            except OSError:
+                continue  # hidden or vanished mount point: not reachable by path either
+            if fl & os.ST_RDONLY:
+                continue
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+            for st, ms in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+                           (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+                           (os.ST_RELATIME, MS_RELATIME)):
+                if fl & st:
+                    flags |= ms
+            if not fl & (os.ST_NOATIME | os.ST_RELATIME):
+                flags |= MS_STRICTATIME
+            try:
+                _mount(None, mp, flags)
+            except OSError as e:
+                _bad.append("%s (%s)" % (mp, e.strerror))
+        for mp in sorted(set(_points)):
+            if mp == _dir or mp.startswith(_dir.rstrip("/") + "/"):
+                continue
+            try:
+                if not os.statvfs(mp).f_flag & os.ST_RDONLY:
+                    _bad.append(mp)
+            except OSError:
+                pass
+        if _bad:
+            _fail("could not make read-only: " + ", ".join(sorted(set(_bad))))
+
+        # 3. drop every capability so the code cannot remount anything
+        PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+        for cap in range(64):
+            _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+        class _CapHdr(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class _CapData(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
+        if _libc.capset(ctypes.byref(_CapHdr(0x20080522, 0)), (_CapData * 2)()) != 0:
+            _fail("capset: %s" % os.strerror(ctypes.get_errno()))
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        with open("/proc/self/status") as f:
+            _caps = {l.split(":")[0]: l.split(":")[1].strip() for l in f if l.startswith("Cap")}
+        if int(_caps.get("CapEff", "1"), 16) or int(_caps.get("CapBnd", "1"), 16):
+            _fail("capabilities still present: %r" % _caps)
+
+    if _cfg.get("probe"):
+        import _socket
+        ok_ro = ok_net = False
+        if _cfg["ns"] == "full":
+            victim = os.path.join(os.path.dirname(_dir), ".loosespec-sandbox-probe-%d" % os.getpid())
+            try:
+                open(victim, "w").close()
+                os.unlink(victim)
+            except OSError as e:
+                import errno
+                ok_ro = e.errno == errno.EROFS
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect(("1.1.1.1", 80))
+        except OSError as e:
+            import errno
+            ok_net = e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)
+        s.close()
+        print("loosespec-sandbox-probe-ok", json.dumps({"ro": ok_ro, "net": ok_net,
+                                                        "pid_max": bool(_cfg.get("pid_max_set"))}))
+        sys.exit(0)
+
+    # the real setrlimit, captured before the guard below replaces it
+    import resource as _resource_mod
+    _real_setrlimit = _resource_mod.setrlimit
+    # ---- Python-level guard (defence in depth; bypassable with ctypes) ----
+    import builtins, io, _io, shutil, subprocess, _posixsubprocess, resource, types, posix
+    _realpath, _join, _dirname, _basename = os.path.realpath, os.path.join, os.path.dirname, os.path.basename
+    _readlink, _fspath, _fsdecode, _getcwd = os.readlink, os.fspath, os.fsdecode, os.getcwd
+    _root = _realpath(_dir)
+
+    def _deny(what):
+        def denied(*args, **kwargs):
+            raise PermissionError(1, "blocked by loosespec sandbox: " + what)
+        denied.__name__ = what.rsplit(".", 1)[-1]
+        return denied
+
+    def _resolve(path, dir_fd=None, follow=True):
+        if isinstance(path, int):
+            return None
+        p = _fsdecode(_fspath(path))
+        base = _readlink("/proc/self/fd/%d" % dir_fd) if dir_fd is not None else _getcwd()
+        p = _join(base, p)
+        if follow:
+            return _realpath(p)
+        return _join(_realpath(_dirname(p) or "/"), _basename(p))
+
+    def _inside(path, dir_fd=None, follow=True):
+        try:
+            r = _resolve(path, dir_fd, follow)
+        except (OSError, TypeError, ValueError):
+            return False
+        return r is not None and (r == _root or r.startswith(_root + "/"))
+
+    def _path_guard(mod, name, nargs=1, follow=True, allow_fd=False):
+        orig = getattr(mod, name, None)
+        if orig is None:
+            return
+        def guarded(*args, **kwargs):
+            dir_fd = kwargs.get("dir_fd")
+            names = ("path", "name") if nargs == 1 else ("src", "dst")
+            fds = (dir_fd,) if nargs == 1 else (kwargs.get("src_dir_fd", dir_fd), kwargs.get("dst_dir_fd", dir_fd))
+            checks = list(zip(args[:nargs], fds))
+            for i, k in enumerate(names):
+                if k in kwargs:
+                    checks.append((kwargs[k], fds[min(i, len(fds) - 1)]))
+            for p, fd in checks:
+                if isinstance(p, int) and allow_fd:
+                    continue
+                if not _inside(p, fd, follow):
+                    raise PermissionError(1, "blocked by loosespec sandbox: %s outside the sandbox dir" % name, str(p))
+            return orig(*args, **kwargs)
+        guarded.__name__ = name
+        for m in (mod, posix) if mod is os else (mod,):
+            if hasattr(m, name):
+                setattr(m, name, guarded)
+
+    for _name in ("remove", "unlink", "rmdir", "removedirs", "mkfifo", "mknod", "setxattr", "removexattr"):
+        _path_guard(os, _name, follow=False)
+    for _name in ("rename", "renames", "replace", "link"):
+        _path_guard(os, _name, nargs=2, follow=False)
+    for _name in ("chmod", "lchmod", "mkdir", "makedirs", "utime", "chflags", "lchflags"):
+        _path_guard(os, _name)
+    _path_guard(os, "truncate", allow_fd=True)
+    _orig_symlink = os.symlink
+    def _symlink(src, dst, *a, **k):
+        if not _inside(dst, k.get("dir_fd"), follow=False):
+            raise PermissionError(1, "blocked by loosespec sandbox: symlink outside the sandbox dir", str(dst))
+        return _orig_symlink(src, dst, *a, **k)
+    os.symlink = posix.symlink = _symlink
+    _path_guard(shutil, "rmtree", follow=False)
+    _path_guard(shutil, "move", nargs=2, follow=False)
+
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    _orig_os_open = os.open
+    def _os_open(path, flags, *a, **k):
+        if flags & _WRITE_FLAGS and not _inside(path, k.get("dir_fd")) and _resolve_safe(path) != "/dev/null":
+            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(path))
+        return _orig_os_open(path, flags, *a, **k)
+    os.open = posix.open = _os_open
+
+    def _resolve_safe(path):
+        try:
+            return _resolve(path)
+        except Exception:
+            return None
+
+    _orig_open = _io.open
+    def _open(file, mode="r", *a, **k):
+        if not isinstance(file, int) and any(c in mode for c in "wax+") and not _inside(file) \
+                and _resolve_safe(file) != "/dev/null":
+            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(file))
+        return _orig_open(file, mode, *a, **k)
+    builtins.open = io.open = _io.open = _open
+
+    for _name in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", "execle", "execlp",
+                  "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
+                  "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "kill", "killpg",
+                  "setsid", "setpgid", "setpgrp", "chown", "lchown", "fchown", "fchmod", "chroot",
+                  "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid",
+                  "setresgid", "plock"):
+        for _m in (os, posix):
+            if hasattr(_m, _name):
+                setattr(_m, _name, _deny("os." + _name))
+    _posixsubprocess.fork_exec = _deny("_posixsubprocess.fork_exec")
+    shutil.chown = _deny("shutil.chown")
+    resource.setrlimit = _deny("resource.setrlimit")
+    if hasattr(resource, "prlimit"):
+        resource.prlimit = _deny("resource.prlimit")
+
+    class _Popen(subprocess.Popen):
+        def __init__(self, *a, **k):
+            raise PermissionError(1, "blocked by loosespec sandbox: subprocess")
+        def __del__(self):
+            pass
+    subprocess.Popen = _Popen
+
+    if not _cfg["network"]:
+        import socket, _socket
+        class _Socket(socket.socket):
+            def __init__(self, *a, **k):
+                raise PermissionError(1, "blocked by loosespec sandbox: network")
+            def __del__(self):
+                pass
+        class _RawSocket(_socket.socket):
+            def __init__(self, *a, **k):
+                raise PermissionError(1, "blocked by loosespec sandbox: network")
+        socket.socket = socket.SocketType = _Socket
+        _socket.socket = _socket.SocketType = _RawSocket
+        for _name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname",
+                      "gethostbyname_ex", "gethostbyaddr", "getnameinfo", "socketpair", "fromfd",
+                      "sethostname"):
+            for _m in (socket, _socket):
+                if hasattr(_m, _name):
+                    setattr(_m, _name, _deny("socket." + _name))
+
+    def _limit(res, soft, hard=None):
+        try:
+            _real_setrlimit(res, (soft, soft if hard is None else hard))
+        except (ValueError, OSError):
+            pass
+
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_CPU, _cfg["cpu_s"], _cfg["cpu_s"] + 1)
+    _limit(resource.RLIMIT_FSIZE, _cfg["file_mb"] * 1024 * 1024)
+    if _cfg.get("nproc") is not None:
+        _limit(resource.RLIMIT_NPROC, _cfg["nproc"])
+    os.chdir(_dir)
+    sys.argv = [_cfg["file"]]
+    _main = types.ModuleType("__main__")
+    _main.__file__ = _cfg["file"]
+    _main.__builtins__ = builtins
+    with _orig_open(_cfg["file"], "rb") as _f:
+        _src = _f.read()
+    sys.modules["__main__"] = _main
+    _code = compile(_src, _cfg["file"], "exec")
+    _limit(resource.RLIMIT_AS, _cfg["memory_mb"] * 1024 * 1024)
+    del _src, _f
+    exec(_code, _main.__dict__)

@@ -1,0 +1,1 @@
+"""loosespec inside other engines."""

@@ -1,0 +1,247 @@
+"""FLy on vLLM's verification tensors (LOSSY): the adapter between vLLM's batch layout and
+:mod:`loosespec.verify.fly`, the same rule functions the transformers engine uses.
+
+vLLM (V1 model runner) verifies a whole batch at once: the drafts of all requests are flattened into
+``draft_token_ids`` ([num_tokens]), request ``i`` owning ``[cu_num_draft_tokens[i-1],
+cu_num_draft_tokens[i])`` (``num_draft_tokens[i]`` may be 0); ``target_logits`` has one row per
+draft token (the row that predicts it), ``bonus_token_ids`` ([batch, 1]) the token each request
+emits after a fully accepted draft (vLLM samples it beforehand), and the output is ``[batch,
+max_spec_len + 1]`` int32, each row the kept draft prefix plus one correction or bonus token, then
+``-1`` padding.
+
+Per request, greedy (``is_greedy[i]``, temperature 0) or sampled:
+
+- greedy: ``E_j = (d_j == argmax z_j)``; correction ``argmax z_n``.
+- sampled: ``E_j`` = native rejection-sampling acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (``q`` one-hot
+  when the drafter gives no distribution: n-gram), ``p`` the softmax of vLLM's processed logits
+  (temperature, top-k, top-p); correction from ``normalize(max(0, p_n - q_n))``, drawn with the
+  request's own generator when it has a seed.
+- then FLy's mask over ``E`` (:func:`loosespec.verify.fly.fly_accept`): gate on the entropy of the
+  *raw* logits' top-k probabilities, deferred window, boundary; keep the prefix up to the first
+  final reject.
+
+Each request is ruled on independently, as in the transformers engine, in a Python loop over the
+batch (a handful of small tensor ops per request; a fused kernel would remove the per-request
+host round trips on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from loosespec.config import VLLM_KNOBS, knob_default, knob_type, validate_knob
+from loosespec.methods import FLY_COUNTERS
+from loosespec.verify.exact import first_false
+from loosespec.verify.fly import fly_accept
+from loosespec.verify.rejection import native_accept, next_token
+
+PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID
+ENV_PREFIX = "LOOSESPEC_"
+COUNTERS = FLY_COUNTERS
+
+
+def _validate(self) -> None:
+    for f in dataclasses.fields(self):  # ConfigError is a ValueError naming the field
+        validate_knob(f.name, getattr(self, f.name))
+
+
+def _parse_env(name: str, raw: str):
+    kind = knob_type(name)
+    if kind is bool:
+        if raw.strip().lower() not in ("1", "0", "true", "false"):
+            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be true or false, got {raw!r}")
+        return raw.strip().lower() in ("1", "true")
+    try:
+        return kind(raw)
+    except ValueError:
+        what = {int: "n integer", float: " number"}.get(kind, " " + getattr(kind, "__name__", "value"))
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a{what}, got {raw!r}") from None
+
+
+def _from_env(cls, environ: Mapping[str, str] = os.environ):
+    """The settings ``LOOSESPEC_*`` variables ask for, or None when FLy is not enabled."""
+    method = environ.get(ENV_PREFIX + "REJECTION_SAMPLE_METHOD", "standard").strip().lower()
+    if method in ("", "standard"):
+        return None
+    if method != "fly":
+        raise ValueError(f"{ENV_PREFIX}REJECTION_SAMPLE_METHOD must be 'fly' or 'standard', got {method!r}")
+    kwargs = {}
+    for name in VLLM_KNOBS:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw.strip():
+            kwargs[name] = _parse_env(name, raw)
+    return cls(**kwargs)
+
+
+def fly_env(values: Mapping[str, object]) -> dict[str, str]:
+    """The environment that asks the plugin for FLy with these settings (what :meth:`FlySettings.from_env` reads)."""
+    env = {ENV_PREFIX + "REJECTION_SAMPLE_METHOD": "fly"}
+    for name in VLLM_KNOBS:
+        if name in values:
+            v = values[name]
+            env[ENV_PREFIX + name.upper()] = repr(v) if isinstance(v, float) else str(v)
+    return env
+
+
+# FLy's parameters under vLLM's (upstream pull request's) names: the knobs loosespec.config marks vllm=True,
+# with their declared types, defaults and bounds (adding such a knob adds it here and to LOOSESPEC_<NAME>)
+FlySettings = dataclasses.make_dataclass(
+    "FlySettings", [(n, knob_type(n), dataclasses.field(default=knob_default(n))) for n in VLLM_KNOBS],
+    frozen=True, namespace={"__post_init__": _validate, "from_env": classmethod(_from_env),
+                            "__doc__": "FLy's settings in the vLLM plugin: loosespec's knobs marked vllm=True."})
+FlySettings.__module__ = __name__
+
+
+def _target_probs(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """Softmax of vLLM's processed logits; a row that top-k/top-p left without a finite logit (vLLM's own
+    start-up profiling sends such rows: random logits, top-p 0.9) is no distribution, and falls back to the
+    softmax of its unprocessed row instead of failing the draw."""
+    probs = processed.float().softmax(-1)
+    bad = ~torch.isfinite(probs).all(-1)
+    if bool(bad.any()):
+        probs[bad] = raw[bad].float().softmax(-1)
+    return probs
+
+
+def fly_rejection_sample(
+    draft_token_ids: torch.Tensor,  # [num_tokens] int
+    num_draft_tokens: Sequence[int],  # [batch]
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,  # [batch] inclusive cumulative sums
+    draft_probs: torch.Tensor | None,  # [num_tokens, V] q, or None (n-gram: one-hot)
+    target_logits: torch.Tensor,  # [num_tokens, V] vLLM's processed logits (raw for greedy requests)
+    bonus_token_ids: torch.Tensor,  # [batch, 1]
+    is_greedy: torch.Tensor | None,  # [batch] bool; None: every request is greedy
+    settings: FlySettings,
+    raw_logits: torch.Tensor | None = None,  # [num_tokens, V] before temperature/top-k/top-p; None: target_logits
+    uniform_probs: torch.Tensor | None = None,  # [num_tokens] rejection-sampling draws; None: drawn here
+    generators: Mapping[int, torch.Generator] | None = None,  # request index -> its seeded generator
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """vLLM-shaped FLy verification: ``([batch, max_spec_len + 1] int32 padded with -1, counters)``."""
+    batch = len(num_draft_tokens)
+    device = target_logits.device
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
+    raw = target_logits if raw_logits is None else raw_logits
+    ends = cu_num_draft_tokens.tolist()
+    greedy_rows = [True] * batch if is_greedy is None else is_greedy.tolist()
+    generators = generators or {}
+    totals = dict.fromkeys(COUNTERS, 0)
+    start = 0
+    for i in range(batch):
+        end = int(ends[i])
+        k = end - start
+        if k != int(num_draft_tokens[i]):
+            raise ValueError(f"request {i}: cu_num_draft_tokens gives {k} draft tokens, num_draft_tokens "
+                             f"{num_draft_tokens[i]}")
+        draft = draft_token_ids[start:end].long()
+        bonus = bonus_token_ids[i].reshape(-1)[:1].long()
+        if k == 0:
+            out[i, 0] = bonus[0]
+            start = end
+            continue
+        if greedy_rows[i]:
+            target = target_logits[start:end].argmax(-1)
+            match = draft == target
+        else:
+            probs = _target_probs(target_logits[start:end], raw[start:end])
+            q = draft_probs[start:end].float() if draft_probs is not None else None
+            gen = generators.get(i)
+            u = uniform_probs[start:end] if uniform_probs is not None else None
+            match = native_accept(draft, q, probs, gen, uniform=u)
+        accept, events = fly_accept(match, raw[start:end], settings.fly_entropy_threshold,
+                                    settings.fly_window_size, settings.fly_entropy_top_k)
+        n = first_false(accept)
+        if n == k:
+            nxt = bonus
+        elif greedy_rows[i]:
+            nxt = target[n: n + 1]
+        else:
+            nxt = next_token(n, draft, q, probs, gen)
+        out[i, :n] = draft[:n].to(torch.int32)
+        out[i, n] = nxt[0].to(torch.int32)
+        for name in COUNTERS:
+            totals[name] += events[name]
+        start = end
+    return out, totals
+
+
+def _request_generator(seed: int, pos: int, device) -> torch.Generator:
+    """A generator for one request's verification step, fixed by its seed and position (as vLLM's V2 runner
+    draws ``tl_rand32(seed, pos)``): a seeded request verifies the same way every time."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((int(seed) * 1_000_003 + int(pos)) % (2**63 - 1))
+    return gen
+
+
+def fly_rejection_sample_v2(
+    target_logits: torch.Tensor,  # [num_logits, V] processed (penalties, temperature, top-k/top-p)
+    raw_logits: torch.Tensor,  # [num_logits, V] before processing: FLy's gate reads these
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, num_speculative_steps, V] pre-temperature; None: one-hot
+    draft_sampled: torch.Tensor,  # [num_logits] the input token of each logits row; -1: placeholder draft
+    cu_num_logits: torch.Tensor,  # [num_reqs + 1]
+    pos: torch.Tensor,  # [num_logits]
+    idx_mapping: torch.Tensor,  # [num_reqs] batch index -> request-state index
+    temperature: torch.Tensor,  # [max_num_reqs]; 0: greedy
+    seed: torch.Tensor,  # [max_num_reqs]
+    num_speculative_steps: int,
+    settings: FlySettings,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """FLy on vLLM's V2 model runner layout (the GPU default): ``(sampled [num_reqs, k + 1] int64,
+    num_sampled [num_reqs] int32, counters)``.
+
+    V2 gives request ``r`` the logits rows ``[cu[r], cu[r+1])``: row ``cu[r] + j`` verifies the draft
+    token in ``draft_sampled[cu[r] + j + 1]`` and the last row yields the bonus token. This function only
+    re-lays the batch out as the V1 runner does (flattened drafts, bonus tokens drawn beforehand, ``q`` as
+    probabilities) and rules through :func:`fly_rejection_sample`, so both runners apply one rule. A ``-1``
+    placeholder draft and everything after it are rejected, as V2's own kernel does.
+    """
+    device = target_logits.device
+    cu = cu_num_logits.tolist()
+    states = idx_mapping.tolist()
+    temps = temperature.float().tolist()
+    seeds = seed.tolist()
+    num_reqs = len(cu) - 1
+    keep_rows: list[torch.Tensor] = []  # logits rows that verify a draft token
+    draft_ids: list[torch.Tensor] = []
+    q_rows: list[torch.Tensor] = []
+    bonus, counts, greedy, generators = [], [], [], {}
+    for r in range(num_reqs):
+        lo, hi = int(cu[r]), int(cu[r + 1])
+        drafts = draft_sampled[lo + 1: hi].long()
+        invalid = (drafts < 0).nonzero()
+        k = int(invalid[0, 0]) if len(invalid) else len(drafts)  # drafts from a placeholder on are rejected
+        state, temp = int(states[r]), float(temps[states[r]])
+        is_greedy = temp == 0.0
+        greedy.append(is_greedy)
+        counts.append(k)
+        keep_rows.append(torch.arange(lo, lo + k, device=device))
+        draft_ids.append(drafts[:k])
+        last = target_logits[lo + k]
+        if is_greedy:
+            bonus.append(last.argmax().view(1))
+        else:
+            gen = _request_generator(seeds[state], int(pos[lo]), device)
+            generators[r] = gen
+            probs = _target_probs(last.view(1, -1), raw_logits[lo + k].view(1, -1))[0]
+            bonus.append(torch.multinomial(probs, 1, generator=gen))
+        if draft_logits is not None and k:  # greedy rows never read q: zeros keep the flattened layout whole
+            q_rows.append(torch.zeros(k, draft_logits.shape[-1], device=device) if is_greedy
+                          else (draft_logits[state, :k].float() / temp).softmax(-1))
+    rows = torch.cat(keep_rows) if keep_rows else torch.zeros(0, dtype=torch.long, device=device)
+    vocab = target_logits.shape[-1]
+    q = None
+    if draft_logits is not None:
+        q = torch.cat(q_rows) if q_rows else torch.zeros(0, vocab, device=device)
+        if q.shape[-1] < vocab:  # a draft vocabulary padded shorter than the target's
+            q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+    out, events = fly_rejection_sample(  # sampled requests draw their uniforms from their own generators
+        torch.cat(draft_ids) if draft_ids else torch.zeros(0, dtype=torch.long, device=device), counts,
+        num_speculative_steps, torch.tensor(counts, dtype=torch.long).cumsum(0), q, target_logits[rows],
+        torch.cat(bonus).view(-1, 1), torch.tensor(greedy, dtype=torch.bool), settings, raw_logits=raw_logits[rows],
+        generators=generators)
+    num_sampled = (out >= 0).sum(-1).to(torch.int32)
+    return out.long(), num_sampled, events

@@ -1,0 +1,146 @@
+"""End to end on a tiny randomly initialised model pair, float32: lossless methods reproduce AR."""
+
+import pytest
+import torch
+
+from loosespec import DecodeConfig
+from loosespec.drafters import MlaDrafter, ModelDrafter
+from loosespec.decode.engine import decode
+from loosespec.decode.kv import CachedLM
+from loosespec.decode.stats import Stats
+from loosespec.verify import SamplingParams
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
+
+
+def run(engine, method, drafter=None, **kw):
+    # these tests check drafting and verification mechanics: K tokens every round unless a test asks for
+    # the cost-aware draft length (its own tests: tests/decode/test_draftlen.py)
+    kw.setdefault("adaptive_draft_length", False)
+    cfg = DecodeConfig.create(method, drafter, has_draft_model=engine.draft is not None,
+                              max_new_tokens=kw.pop("max_new_tokens", 60), **kw)
+    return engine.generate(PROMPT, cfg, raw=True)
+
+
+@pytest.fixture(scope="module")
+def ar_ids(tiny_engine):
+    r = run(tiny_engine, "ar")
+    # one token per forward, after the prompt's own prefill forward (the same for every method)
+    assert r.stats.rounds == r.stats.new_tokens == r.stats.target_forwards - 1
+    return r.token_ids
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "mla"])
+def test_exact_equals_ar_for_every_drafter(tiny_engine, ar_ids, drafter):
+    r = run(tiny_engine, "exact", drafter)
+    assert r.token_ids == ar_ids
+    assert r.stats.rounds >= 2
+    assert r.stats.drafted_tokens > 0
+    assert r.stats.target_forwards == r.stats.rounds + 1  # + the prompt's prefill
+    if drafter != "ngram":
+        assert r.stats.draft_forwards > 0
+        assert 0 < r.stats.accepted_tokens < r.stats.drafted_tokens  # accept and reject paths both ran
+
+
+def test_fewer_target_forwards_than_ar_with_lookup(tiny_engine, ar_ids):
+    r = run(tiny_engine, "exact", "ngram")
+    assert r.stats.accepted_tokens > 0 and r.stats.rounds < len(ar_ids)
+
+
+@pytest.mark.parametrize("drafter", ["model", "mla"])
+def test_self_draft_accepts_every_token(tiny_self_engine, drafter):
+    r = run(tiny_self_engine, "exact", drafter, draft_confidence_threshold=0.0)
+    assert r.stats.acceptance_rate == 1.0
+    assert r.stats.rounds >= 2
+
+
+def test_mla_draft_equals_draft_model_greedy(tiny_dir, tiny_engine):
+    seq = tiny_engine.stream(PROMPT, DecodeConfig.create("ar", max_new_tokens=1), raw=True).prompt_ids
+    greedy = SamplingParams(0.0)
+    plain = ModelDrafter(CachedLM(tiny_engine.draft.model), greedy, None, confidence_threshold=0.0)
+    mla = MlaDrafter(CachedLM(tiny_engine.draft.model), greedy, None)
+    a = plain.propose(seq, 40).tokens.tolist()
+    b = mla.propose(seq, 40).tokens.tolist()
+    assert a == b and len(a) == 40
+    assert plain.lm.forwards == 40
+    assert mla.lm.forwards < 40  # n-gram candidates accepted by the draft model saved forwards
+
+
+def test_cached_logits_equal_fresh_forward(tiny_engine):
+    lm = CachedLM(tiny_engine.target.model)
+    seq = torch.arange(3, 40)
+    lm.logits(seq, rows=1)
+    # diverge after position 20: the cache must roll back and recompute the tail
+    other = torch.cat([seq[:20], torch.arange(100, 110)])
+    cached = lm.logits(other, rows=5)
+    fresh = CachedLM(tiny_engine.target.model).logits(other, rows=5)
+    assert torch.allclose(cached, fresh, atol=1e-5)
+    assert lm.cache.get_seq_length() == other.shape[0]
+
+
+def test_max_new_tokens_is_exact(tiny_engine):
+    for n in (1, 2, 7):
+        r = run(tiny_engine, "exact", "mla", max_new_tokens=n)
+        assert len(r.token_ids) == n and r.finish_reason == "length"
+
+
+def test_stops_at_end_token(tiny_engine, ar_ids):
+    # make the 6th AR token an end token: every method must stop right after it
+    stop_tok = ar_ids[5]
+    first = ar_ids.index(stop_tok)
+    for drafter in ("ngram", "mla"):
+        drafter_obj, rule, _ = tiny_engine.build(DecodeConfig.create("exact", drafter, has_draft_model=True))
+        prompt = tiny_engine.stream(PROMPT, DecodeConfig.create("ar"), raw=True).prompt_ids
+        out = [t for chunk in decode(CachedLM(tiny_engine.target.model), drafter_obj, rule, prompt, 60, 10,
+                                     {stop_tok}, Stats()) for t in chunk]
+        assert out == ar_ids[: first + 1]
+
+
+def test_rejection_sampling_seeded_and_reproducible(tiny_engine):
+    a = run(tiny_engine, "rejection", "mla", temperature=1.0, seed=5, max_new_tokens=40)
+    b = run(tiny_engine, "rejection", "mla", temperature=1.0, seed=5, max_new_tokens=40)
+    c = run(tiny_engine, "rejection", "mla", temperature=1.0, seed=6, max_new_tokens=40)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+    assert a.stats.drafted_tokens > 0
+
+
+def test_rejection_with_greedy_temperature_equals_ar(tiny_engine, ar_ids):
+    # temperature 0 makes p and q one-hot: rejection sampling degenerates to exact match
+    assert run(tiny_engine, "rejection", "model").token_ids == ar_ids
+
+
+def test_ar_sampling_reproducible(tiny_engine):
+    a = run(tiny_engine, "ar", temperature=0.8, top_k=20, seed=1)
+    b = run(tiny_engine, "ar", temperature=0.8, top_k=20, seed=1)
+    assert a.token_ids == b.token_ids
+
+
+def test_streamed_chunks_add_up(tiny_engine):
+    gen = tiny_engine.stream(PROMPT, DecodeConfig.create("exact", "ngram", max_new_tokens=50), raw=True)
+    chunks = list(gen)
+    text = "".join(c.text for c in chunks)
+    assert text == gen.result().text
+    assert [t for c in chunks for t in c.token_ids] == gen.result().token_ids
+    assert len(chunks) >= gen.result().stats.rounds
+    assert text == tiny_engine.tokenizer.decode(gen.result().token_ids, skip_special_tokens=True)
+
+
+def test_stop_string_truncates_text(tiny_engine, ar_ids):
+    full = tiny_engine.tokenizer.decode(ar_ids)
+    stop = full[10:13]
+    r = run(tiny_engine, "exact", "ngram", stop=[stop])
+    assert r.finish_reason == "stop"
+    assert r.text == full[: full.index(stop)]
+    assert stop in tiny_engine.tokenizer.decode(r.token_ids)
+    assert stop not in tiny_engine.tokenizer.decode(r.token_ids[:-1])
+
+
+def test_json_config_reproduces(tiny_engine):
+    r = run(tiny_engine, "exact", "mla")
+    c = r.config
+    assert c["method"] == "exact" and c["drafter"] == "mla" and c["num_draft_tokens"] == 15
+    assert c["lossy"] is False and c["target"]["spec"] == "tiny-target" and c["draft"]["spec"] == "tiny-draft"
+    cfg = DecodeConfig(**{k: (tuple(v) if k == "stop" else v) for k, v in c.items()
+                          if k in DecodeConfig.__dataclass_fields__})
+    assert tiny_engine.generate(PROMPT, cfg, raw=True).token_ids == r.token_ids

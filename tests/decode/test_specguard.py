@@ -1,0 +1,222 @@
+"""SpecGuard: the scores on hand-built tensors, step splitting, candidate sampling, and the step loop."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from loosespec import DecodeConfig
+from loosespec.errors import LoosespecError
+from loosespec.decode.steps import CandidateFirst, draft_candidate
+from loosespec.verify.grounding import (accept_step, attention_rollout, grounding_from_step_rows, grounding_score,
+                                        medoid, step_confidence, step_length, step_score)
+
+# one layer, two heads; head mean = [[1, 0, 0], [0.995, 0.005, 0], [0.3, 0.3, 0.4]]
+HEADS = torch.tensor([[[1.0, 0.0, 0.0], [0.99, 0.01, 0.0], [0.6, 0.0, 0.4]],
+                      [[1.0, 0.0, 0.0], [1.00, 0.00, 0.0], [0.0, 0.6, 0.4]]])
+
+
+def test_rollout_one_layer_sparsifies_adds_identity_and_normalises():
+    r = attention_rollout(HEADS.unsqueeze(0))
+    # row 1: 0.005 < 0.01 is zeroed, + identity -> (0.995, 1, 0) / 1.995
+    # row 2: nothing below 0.01, + identity -> (0.3, 0.3, 1.4) / 2
+    expected = torch.tensor([[1.0, 0.0, 0.0], [0.995 / 1.995, 1 / 1.995, 0.0], [0.15, 0.15, 0.7]])
+    assert torch.allclose(r, expected, atol=1e-6)
+    assert torch.allclose(r.sum(-1), torch.ones(3))
+
+
+def test_rollout_multiplies_layers_first_to_last():
+    second = torch.tensor([[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]])  # + I, norm -> row 1 (.25, .75, 0)
+    r = attention_rollout(torch.stack([HEADS, second.expand(2, 3, 3)]))
+    a1_row0, a1_row1 = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.995 / 1.995, 1 / 1.995, 0.0])
+    assert torch.allclose(r[1], 0.25 * a1_row0 + 0.75 * a1_row1, atol=1e-6)  # (0.6240625, 0.3759375, 0)
+    assert torch.allclose(r[2], torch.tensor([0.15, 0.15, 0.7]), atol=1e-6)  # second layer's row 2 is the identity
+
+
+def test_grounding_is_the_minimum_context_mass_over_step_tokens():
+    r = attention_rollout(HEADS.unsqueeze(0))
+    # step = positions 1, 2; mass on position 0: 0.4987 and 0.15 -> min 0.15
+    assert grounding_score(r, 1) == pytest.approx(0.15)
+    assert grounding_score(r, 2) == pytest.approx(0.3)  # step = position 2; context = 0, 1
+
+
+def _random_causal(layers, heads, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(layers, heads, n, n, generator=g) * 3
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+@pytest.mark.parametrize("start", [1, 5, 11])
+def test_grounding_from_step_rows_equals_full_rollout(start):
+    attn = _random_causal(3, 4, 12, seed=start)  # [3, 4, 12, 12]
+    full = grounding_score(attention_rollout(attn), start)
+    rows = [layer[:, start:, :] for layer in attn]  # what a cached forward over the step returns
+    assert grounding_from_step_rows(rows, start) == pytest.approx(full, abs=1e-6)
+
+
+def test_medoid_picks_the_most_consistent_candidate():
+    e = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.8, 0.3]])
+    # mean cosine to the others: 0.643, 0.691, 0.154, 0.752 -> the last one, close to all three
+    assert medoid(e) == 3
+    assert medoid(e[[2, 0, 1]]) == 2  # (0, 1), (1, 0), (0.9, 0.1): 0.055, 0.497, 0.552
+    assert medoid(torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])) == 0  # ties -> the first (greedy)
+    assert medoid(torch.tensor([[0.0, 1.0]])) == 0
+    assert medoid(torch.tensor([[0.0, 1.0], [1.0, 0.0]])) == 0
+
+
+def test_scores_and_acceptance_on_synthetic_values():
+    c = step_confidence(torch.tensor([-0.1, -0.5, -0.2]))
+    assert c == pytest.approx(0.60653, abs=1e-5)
+    s = step_score(c, 0.8, beta=0.3)
+    assert s == pytest.approx(0.3 * 0.60653 + 0.7 * 0.8, abs=1e-5)  # 0.742
+    assert accept_step(s, 0.7) and not accept_step(s, 0.75)
+    assert accept_step(0.0, 0.0)  # tau = 0 accepts everything
+    assert accept_step(0.5, 0.5)  # at the threshold: accepted
+    assert not accept_step(1.0, 1.01)  # tau above 1 rejects everything
+    assert step_score(0.2, 0.9, beta=1.0) == 0.2 and step_score(0.2, 0.9, beta=0.0) == 0.9
+
+
+PIECES = {1: "Step", 2: " one", 3: ".\n", 4: "\n", 5: "Two", 6: "x.\n\ny", 7: "<eos>"}
+
+
+def _decode(ids):
+    return "".join(PIECES[i] for i in ids)
+
+
+@pytest.mark.parametrize("tokens, expected", [
+    ([1, 2, 3, 4, 5], 4),  # the delimiter spans two tokens: the step ends with the second
+    ([1, 2, 3], None),  # unfinished
+    ([1, 2, 7, 5], 3),  # an end token ends the step, delimiter or not
+    ([5, 6, 1], 2),  # the delimiter inside a token: the step ends with that token
+    ([4, 4, 1], 2),
+    ([], None),
+])
+def test_step_length(tokens, expected):
+    assert step_length(tokens, _decode, "\n\n", stop_ids={7}) == expected
+
+
+def test_candidate_sampling_is_seeded(tiny_engine):
+    lm = tiny_engine.draft_lm
+    seq = torch.tensor([5, 6, 7, 8, 9, 10, 11], dtype=torch.long)
+
+    def run(seed, temperature):
+        g = torch.Generator().manual_seed(seed)
+        return [draft_candidate(lm, seq, 12, temperature, g, lambda t: False).tokens for _ in range(3)]
+
+    assert run(3, 0.7) == run(3, 0.7)
+    assert run(3, 0.7) != run(4, 0.7)
+    greedy = run(3, 0.0)
+    assert greedy[0] == greedy[1] == greedy[2]
+    c = draft_candidate(lm, seq, 12, 0.7, torch.Generator().manual_seed(0), lambda t: len(t) == 5)
+    assert len(c.tokens) == 5 and c.logprobs.shape == (5,) and (c.logprobs <= 0).all()
+    assert c.hidden.shape == (tiny_engine.draft.model.config.hidden_size,)
+
+
+class _Rest:
+    name = "rest"
+
+    def propose(self, seq, k):
+        from loosespec.drafters import Draft
+
+        return Draft(torch.full((k,), 99, dtype=torch.long))
+
+
+def test_candidate_first_drafts_the_candidate_until_the_target_diverges():
+    d = CandidateFirst([1, 2, 3, 4, 5], start=2, rest=_Rest())
+    assert d.propose(torch.tensor([7, 7]), 3).tokens.tolist() == [1, 2, 3]
+    assert d.propose(torch.tensor([7, 7, 1, 2, 3]), 3).tokens.tolist() == [4, 5]  # the rest of it
+    assert d.propose(torch.tensor([7, 7, 1, 8]), 3).tokens.tolist() == [99, 99, 99]  # diverged: the drafter
+    assert d.propose(torch.tensor([7, 7, 1, 2, 3, 4, 5]), 2).tokens.tolist() == [99, 99]  # used up
+    assert len(CandidateFirst([1], start=0, rest=None).propose(torch.tensor([2]), 3)) == 0
+
+
+def test_config_validation():
+    for bad in (dict(sg_candidates=0), dict(sg_temperature=0.0), dict(sg_beta=1.5), dict(sg_tau=-0.1),
+                dict(sg_delimiter=""), dict(sg_embedder="bert"), dict(sg_on_reject="skip"), dict(sg_verify="loose"),
+                dict(sg_max_step_tokens=0)):
+        with pytest.raises(LoosespecError):
+            DecodeConfig.create("specguard", "ngram", **bad)
+    cfg = DecodeConfig.create("specguard", has_draft_model=True)
+    assert cfg.lossy and cfg.drafter == "mla" and cfg.to_dict()["sg_tau"] == cfg.sg_tau
+
+
+def test_specguard_needs_a_draft_model(smol_engine):
+    from loosespec.decode.engine import Engine
+
+    with pytest.raises(LoosespecError, match="draft model"):
+        Engine(smol_engine.target).generate("Hi", DecodeConfig.create("specguard", "ngram", max_new_tokens=4))
+
+
+# --- end to end on SmolLM2-135M (float32, the same weights as draft and target) ---------------
+
+QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+            "How many clips did Natalia sell altogether in April and May?")
+SG = dict(max_new_tokens=40, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
+
+
+def test_tau_zero_accepts_every_draft_step(smol_engine):
+    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=0.0, **SG))
+    s = r.stats.to_dict()
+    assert s["steps"] >= 2 and s["accepted_steps"] == s["steps"] and s["target_steps"] == 0
+    assert s["target_forwards"] == 0  # the target never ran
+    assert 0 < s["ttft_s"] <= s["wall_s"]
+    assert s["candidates_drafted"] == 4 * s["steps"]
+    assert 0.0 <= s["mean_grounding"] <= 1.0 and 0.0 < s["mean_confidence"] <= 1.0
+    assert r.config["lossy"] is True and r.config["sg_tau"] == 0.0
+
+
+@pytest.mark.parametrize("on_reject, drafter", [("regenerate", "ngram"), ("draft-assisted", "ngram"),
+                                                ("draft-assisted", "mla")])
+def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, drafter):
+    ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=40))
+    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", drafter, sg_tau=1.01, sg_on_reject=on_reject,
+                                                           **SG))
+    s = r.stats.to_dict()
+    assert r.token_ids == ar.token_ids
+    assert s["steps"] >= 2 and s["accepted_steps"] == 0 and s["target_steps"] == s["steps"]
+    # the same weights draft and verify: the greedy candidate is the target's step (when it is the medoid)
+    for rec in r.stats.steps:
+        assert rec["agrees"] in (True, False) and 0 <= rec["agreed_prefix"] <= rec["tokens"]
+        assert rec["agrees"] == (rec["agreed_prefix"] == rec["tokens"])  # same delimiter, same cap
+    if on_reject == "regenerate":
+        assert s["rounds"] == s["new_tokens"]  # the target alone, one token per forward
+    else:
+        assert s["rounds"] < s["new_tokens"]
+
+
+def test_cli_specguard_json_and_help(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "loosespec.cli", "generate", "--target", "smollm2-135m-instruct",
+                          "--draft", "smollm2-135m-instruct", "--method", "specguard", "--drafter", "ngram",
+                          "--dtype", "float32", "--sg-tau", "0", "--sg-delimiter", "\\n", "--max-new-tokens", "12",
+                          "--sg-candidates", "2", "--json", QUESTION], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["config"]["lossy"] is True and d["config"]["sg_delimiter"] == "\n" and d["config"]["sg_candidates"] == 2
+    for key in ("steps", "accepted_steps", "target_steps", "candidates_drafted", "mean_score"):
+        assert key in d["stats"]
+    h = subprocess.run([sys.executable, "-m", "loosespec.cli", "generate", "--help"], capture_output=True, text=True,
+                       env={"COLUMNS": "200", "PATH": ""})
+    assert "specguard" in h.stdout and "LOSSY" in h.stdout and "--sg-on-reject" in h.stdout
+    bad = subprocess.run([sys.executable, "-m", "loosespec.cli", "generate", "--target", "smollm2-135m-instruct",
+                          "--method", "specguard", "--sg-embedder", "bert", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--sg-embedder must be one of" in bad.stderr
+
+
+def test_sentence_transformer_embedder_picks_the_consensus_text():
+    from loosespec.decode.steps import SentenceEmbedder
+
+    embed = SentenceEmbedder(torch.device("cpu"))
+    texts = ["She has 16 eggs and eats 3, so 13 are left.", "The capital of France is Paris.",
+             "16 eggs minus the 3 she eats leaves 13 eggs.", "After eating 3 of her 16 eggs she has 13."]
+    e = embed([], texts)
+    assert e.shape == (4, 384)
+    assert medoid(e) in (0, 2, 3) and medoid(e[[1, 0, 2, 3]]) != 0  # never the off-topic sentence
+
+
+def test_sentence_transformer_in_the_step_loop(smol_engine):
+    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_embedder="sentence-transformer",
+                                                           sg_candidates=3, **SG))
+    assert r.stats.to_dict()["accepted_steps"] >= 2 and r.config["sg_embedder"] == "sentence-transformer"

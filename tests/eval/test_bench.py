@@ -1,0 +1,306 @@
+"""The bench harness: summary arithmetic on hand-made results, results-file recovery, config
+checks, and (tiny offline models) resume after a finished run, a torn line and a kill -9."""
+
+from __future__ import annotations
+
+import math
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loosespec.eval import harness as B
+from loosespec.errors import LoosespecError
+
+
+def row(qid, method, wall, ids, score=None, rounds=None, cat="c", drafted=None, accepted=None, lengths=None):
+    return {"question_id": qid, "category": cat, "method": method, "lossy": B.is_lossy(method), "wall_time": wall,
+            "token_ids": ids, "new_tokens": len(ids), "rounds": rounds if rounds is not None else len(ids),
+            "accept_lengths": lengths or [], "score": score, "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "stats": {}}
+
+
+HAND = [
+    row("q1", "ar", 10.0, [1, 2, 3, 4], True, cat="a"),
+    row("q2", "ar", 30.0, [5, 6, 7, 8, 9, 10], False, cat="b"),
+    row("q3", "ar", 20.0, [1, 1], True, cat="b"),
+    row("q1", "fly-ngram", 5.0, [1, 2, 3, 4], True, rounds=2, cat="a", drafted=6, accepted=2, lengths=[3, 1]),
+    row("q2", "fly-ngram", 10.0, [5, 6, 0, 8, 9, 10], True, rounds=3, cat="b", drafted=9, accepted=3),
+    row("q3", "fly-ngram", 5.0, [1, 2], False, rounds=1, cat="b", drafted=3, accepted=1),
+]
+
+
+def test_summary_arithmetic_on_hand_made_results():
+    s = B.summarize(HAND)
+    ar, fly = s["methods"]["ar"], s["methods"]["fly-ngram"]
+    assert ar["speedup"] == 1.0 and ar["mean_accepted_length"] == 1.0 and ar["identical_to_ar"] == 1.0
+    assert fly["speedup"] == pytest.approx(60 / 20)  # total ar wall / total method wall
+    assert fly["tokens_per_s"] == pytest.approx(12 / 20)
+    assert fly["mean_accepted_length"] == pytest.approx(12 / 6)  # tokens / rounds over all rounds
+    assert fly["acceptance_rate"] == pytest.approx(6 / 18, abs=1e-4)
+    assert fly["accuracy"] == pytest.approx(2 / 3, abs=1e-4) and ar["accuracy"] == pytest.approx(2 / 3, abs=1e-4)
+    assert fly["recovery"] == pytest.approx(1.0)
+    assert fly["ar_right_method_wrong"] == 1 and fly["ar_wrong_method_right"] == 1
+    assert fly["identical_to_ar"] == pytest.approx(1 / 3, abs=1e-4)
+    assert fly["lossy"] is True and ar["lossy"] is False
+    lo, hi = fly["accuracy_ci95"]
+    assert lo < 2 / 3 < hi
+    lo, hi = fly["speedup_ci95"]
+    assert lo <= 3.0 <= hi
+    # per category: b has q2 and q3
+    b = s["categories"]["b"]["fly-ngram"]
+    assert b["speedup"] == pytest.approx(50 / 15, abs=1e-4) and b["prompts"] == 2
+    assert s["categories"]["a"]["fly-ngram"]["speedup"] == pytest.approx(2.0)
+
+
+def test_summary_counts_only_prompts_shared_with_ar():
+    rows = HAND[:1] + [HAND[3], row("q9", "fly-ngram", 1.0, [1], True)]  # q9 has no ar row
+    fly = B.summarize(rows)["methods"]["fly-ngram"]
+    assert fly["prompts"] == 1 and fly["speedup"] == pytest.approx(2.0)
+
+
+def test_wilson_and_bootstrap():
+    assert B.wilson(0, 0) is None
+    lo, hi = B.wilson(8, 10)
+    assert 0.44 < lo < 0.5 and 0.94 < hi < 0.97  # textbook values 0.490, 0.943
+    assert B.bootstrap_ratio([1.0], [1.0]) is None
+    lo, hi = B.bootstrap_ratio([2.0] * 5, [1.0] * 5)
+    assert lo == hi == 2.0
+
+
+def test_table_marks_lossy_methods(tmp_path):
+    s = B.summarize(HAND)
+    table = B.format_table(s)
+    assert "fly-ngram (lossy)" in table and "| ar |" in table
+    assert "3.00x" in table
+    assert "throughput" not in table  # only runs under concurrent load (vLLM) have that column
+
+
+def test_report_writes_summary_and_plots(tmp_path):
+    (tmp_path / B.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in HAND))
+    summary, table = B.report(tmp_path)
+    assert json.loads((tmp_path / B.SUMMARY).read_text())["methods"]["fly-ngram"]["speedup"] == pytest.approx(3.0)
+    for png in ("speedup_by_category.png", "recovery_vs_speedup.png", "accepted_lengths.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_report_errors(tmp_path):
+    with pytest.raises(LoosespecError, match="no results.jsonl"):
+        B.report(tmp_path)
+    (tmp_path / B.RESULTS).write_text(json.dumps(HAND[3]) + "\n")
+    with pytest.raises(LoosespecError, match="no ar results"):
+        B.report(tmp_path)
+
+
+def test_torn_last_line_is_dropped_and_kept_aside(tmp_path):
+    path = tmp_path / B.RESULTS
+    path.write_text(json.dumps(HAND[0]) + "\n" + json.dumps(HAND[1]) + "\n" + json.dumps(HAND[2])[:40])
+    with pytest.warns(UserWarning, match="torn last line 3"):
+        rows = B.ResultsFile(path).read()
+    assert [r["question_id"] for r in rows] == ["q1", "q2"]
+    assert path.read_text().count("\n") == 2 and path.read_text().endswith("\n")
+    assert (tmp_path / (B.RESULTS + ".corrupt")).read_text().startswith(json.dumps(HAND[2])[:40])
+    B.ResultsFile(path).append(HAND[2])
+    assert [r["question_id"] for r in B.ResultsFile(path).read()] == ["q1", "q2", "q3"]
+
+
+def test_complete_json_without_newline_counts_as_torn(tmp_path):
+    path = tmp_path / B.RESULTS
+    path.write_text(json.dumps(HAND[0]) + "\n" + json.dumps(HAND[1]))
+    with pytest.warns(UserWarning):
+        assert len(B.ResultsFile(path).read()) == 1
+
+
+def test_damaged_middle_line_is_an_error(tmp_path):
+    path = tmp_path / B.RESULTS
+    path.write_text(json.dumps(HAND[0]) + "\n{broken\n" + json.dumps(HAND[1]) + "\n")
+    with pytest.raises(LoosespecError, match="line 2 is damaged"):
+        B.ResultsFile(path).read()
+    assert path.read_text().count("\n") == 3  # nothing removed
+
+
+def test_config_mismatch_is_an_error(tmp_path):
+    B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})
+    B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})  # same: fine
+    with pytest.raises(LoosespecError, match="max_new_tokens: 64 there, 128 now"):
+        B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 128})
+
+
+def test_parse_methods():
+    assert B.parse_methods("exact-ngram,fly-mla") == ["ar", "exact-ngram", "fly-mla"]
+    assert B.parse_methods("hf-pld,ar") == ["ar", "hf-pld"]
+    with pytest.raises(LoosespecError, match="unknown method"):
+        B.parse_methods("ar,fly")
+    with pytest.raises(LoosespecError, match="twice"):
+        B.parse_methods("fly-mla,fly-mla")
+    assert B.needs_draft_model("fly-mla") and B.needs_draft_model("hf-assist") and B.needs_draft_model("specguard")
+    assert not B.needs_draft_model("exact-ngram") and not B.needs_draft_model("hf-pld")
+
+
+def test_pending_pairs_interleave_methods_per_prompt():
+    class P:
+        def __init__(self, i):
+            self.id = i
+
+    ps = [P("a"), P("b")]
+    todo = B.pending_pairs(ps, ["ar", "x"], {("a", "ar")})
+    assert [(p.id, m) for p, m in todo] == [("a", "x"), ("b", "ar"), ("b", "x")]
+
+
+# --- end to end with the tiny offline models ------------------------------------------------
+
+CLI = [sys.executable, "-m", "loosespec.cli"]
+
+
+def _has_data() -> bool:
+    from loosespec.eval.datasets import data_dir
+
+    try:
+        return data_dir() is not None
+    except LoosespecError:
+        return False
+
+
+needs_data = pytest.mark.skipif(not _has_data(), reason="shared/data not found (set LOOSESPEC_DATA)")
+
+
+def bench_cmd(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ngram,exact-model,hf-pld"):
+    return CLI + ["bench", "--dataset", "gsm8k", "--limit", str(limit), "--methods", methods,
+                  "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--dtype", "float32",
+                  "--device", "cpu", "--max-new-tokens", str(tokens), "--out", str(out), "--no-plots"]
+
+
+def pairs(out: Path) -> list[tuple[str, str]]:
+    return [(r["question_id"], r["method"]) for r in map(json.loads, (out / B.RESULTS).read_text().splitlines())]
+
+
+def env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
+
+
+@needs_data
+def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    first = subprocess.run(bench_cmd(tiny_dir, out), capture_output=True, text=True, env=env(), timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    got = pairs(out)
+    assert sorted(got) == sorted((f"gsm8k/{i}", m) for i in range(2)
+                                 for m in ("ar", "exact-ngram", "fly-ngram", "exact-model", "hf-pld"))
+    assert "fly-ngram (lossy)" in first.stdout
+    summary = json.loads((out / B.SUMMARY).read_text())
+    assert summary["methods"]["exact-ngram"]["identical_to_ar"] == 1.0  # lossless, float32
+    assert summary["config"]["dataset"] == "gsm8k"
+    rep = subprocess.run(CLI + ["report", str(out), "--spec-bench", str(tmp_path / "sb")], capture_output=True,
+                         text=True, env=env(), timeout=300)
+    assert rep.returncode == 0 and "| exact-ngram | 2 |" in rep.stdout, rep.stderr[-2000:]
+    assert (out / "accepted_lengths.png").exists() and (tmp_path / "sb" / "ar.jsonl").exists()
+    before = (out / B.RESULTS).read_bytes()
+    again = subprocess.run(bench_cmd(tiny_dir, out), capture_output=True, text=True, env=env(), timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "nothing to do" in again.stderr
+    assert (out / B.RESULTS).read_bytes() == before
+    # a larger limit only runs the new problem; a different token budget is refused
+    more = subprocess.run(bench_cmd(tiny_dir, out, limit=3), capture_output=True, text=True, env=env(), timeout=600)
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert len(pairs(out)) == 15 and len(set(pairs(out))) == 15
+    assert (out / B.RESULTS).read_bytes().startswith(before)
+    bad = subprocess.run(bench_cmd(tiny_dir, out, tokens=25), capture_output=True, text=True, env=env(), timeout=600)
+    assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@needs_data
+def test_methods_needing_the_draft_can_join_a_run_that_did_not_load_it(tiny_dir, tmp_path):
+    out = tmp_path / "grow"
+    first = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram"), capture_output=True,
+                           text=True, env=env(), timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram,exact-model"),
+                          capture_output=True, text=True, env=env(), timeout=600)
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert pairs(out) == [("gsm8k/0", "ar"), ("gsm8k/0", "exact-ngram"), ("gsm8k/0", "exact-model")]
+
+
+@needs_data
+def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
+    out = tmp_path / "killed"
+    cmd = bench_cmd(tiny_dir, out, limit=6, tokens=64)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    deadline = time.time() + 300
+    results = out / B.RESULTS
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and results.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    written = len(pairs(out)) if results.read_text().endswith("\n") else None
+    assert written is None or 3 <= written < 30
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = pairs(out)
+    assert len(got) == 30 and len(set(got)) == 30
+
+
+def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):
+    for args, msg in ((["--methods", "ar,nope"], "unknown method"), (["--limit", "0"], "positive"),
+                      (["--dataset", "nosuch"], "unknown dataset")):
+        cmd = bench_cmd(tiny_dir, tmp_path / "x")
+        for i in range(0, len(args), 2):
+            cmd[cmd.index(args[i]) + 1] = args[i + 1]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
+    r = subprocess.run(CLI + ["report", str(tmp_path / "empty")], capture_output=True, text=True, env=env())
+    assert r.returncode == 2 and "no results.jsonl" in r.stderr
+
+
+def test_spec_bench_export_layout(tmp_path):
+    rows = []
+    for r in HAND[:2] + HAND[3:5]:
+        rows.append({**r, "model_id": "m/" + r["method"], "tstamp": 1.0,
+                     "choices": [{"index": 0, "turns": ["t"], "decoding_steps": [r["rounds"]],
+                                  "new_tokens": [r["new_tokens"]], "wall_time": [r["wall_time"]],
+                                  "accept_lengths": r["accept_lengths"]}]})
+    paths = B.export_spec_bench(rows, tmp_path / "sb")
+    assert sorted(p.name for p in paths) == ["ar.jsonl", "fly-ngram.jsonl"]
+    fly = [json.loads(x) for x in (tmp_path / "sb" / "fly-ngram.jsonl").read_text().splitlines()]
+    assert [x["question_id"] for x in fly] == ["q1", "q2"]
+    assert set(fly[0]) == set(B.SPEC_BENCH_KEYS)
+    # what Spec-Bench's speed script computes: tokens / time per answer
+    assert sum(fly[0]["choices"][0]["new_tokens"]) / sum(fly[0]["choices"][0]["wall_time"]) == pytest.approx(4 / 5)
+
+
+def test_category_table_has_accuracy_per_category():
+    table = B.format_category_table(B.summarize(HAND))
+    assert "| b | fly-ngram (lossy) | 2 | 3.33x | 2.00 | 0.50 | 1.00 | 0.00 |" in table
+    assert "| a | ar | 1 | 1.00x | 1.00 | 1.00 | 1.00 | 1.00 |" in table
+
+
+def test_acceptance_by_position_pools_counts_over_prompts():
+    a = row("q1", "exact-ngram", 1.0, [1])
+    a["stats"] = {"num_drafted_per_pos": [4, 2], "num_accepted_tokens_per_pos": [2, 1]}
+    b = row("q2", "exact-ngram", 1.0, [1])
+    b["stats"] = {"num_drafted_per_pos": [4, 2, 2], "num_accepted_tokens_per_pos": [4, 2, 0]}
+    old = row("q3", "exact-ngram", 1.0, [1])  # written before the counts existed: left out, not read as zeros
+    assert B.acceptance_by_position([a, b, old]) == {"exact-ngram": [6 / 8, 3 / 4, 0 / 2]}
+
+
+def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    heights = []
+    real_bar = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda self, x, h, *a, **k: heights.append(list(h)) or real_bar(self, x, h, *a,
+                                                                                                        **k))
+    summary = {"methods": {"ar": {}, "exact-ngram": {}},
+               "categories": {"a": {"exact-ngram": {"speedup": 1.5}}, "b": {}}}  # exact-ngram did not run in b
+    B.plot([], summary, tmp_path)
+    assert heights[0][0] == 1.5 and math.isnan(heights[0][1])

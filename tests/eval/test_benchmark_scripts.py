@@ -1,0 +1,71 @@
+"""The scripts that turn result files into BENCHMARKS.md's speed checks and precision comparison."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from cpu_acceptance import report  # noqa: E402
+from precision_accuracy import compare, mcnemar_exact  # noqa: E402
+
+
+def test_mcnemar_exact():
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+    assert mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)
+
+
+def write_set(d: Path, methods: dict, dataset="humaneval", dtype="int8"):
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"methods": methods}))
+    (d / "config.json").write_text(json.dumps({"target": "t", "draft": "d", "dtype": dtype, "dataset": dataset,
+                                               "max_new_tokens": 128, "adaptive_draft_length": True}))
+    (d / "results.jsonl").write_text(json.dumps({"hardware": {"cpu": "Test CPU", "cpu_flags": ["avx2"],
+                                                              "threads": 2}}) + "\n")
+
+
+def m(speedup, tps, ident=1.0, lossy=False):
+    return {"prompts": 5, "speedup": speedup, "tokens_per_s": tps, "mean_accepted_length": 2.0,
+            "identical_to_ar": ident, "lossy": lossy}
+
+
+def test_cpu_report_passes_and_fails_where_it_should(tmp_path):
+    write_set(tmp_path / "humaneval", {"ar": m(1, 8), "exact-ngram": m(1.5, 12), "fly-ngram": m(2.5, 20, 0.8, True),
+                                       "llamacpp-ar": m(1.1, 9)})
+    write_set(tmp_path / "specbench-summarization", {"ar": m(1, 8), "exact-ngram": m(1.4, 11),
+                                                     "fly-ngram": m(2.0, 16, 0.6, True), "llamacpp-ar": m(1.1, 9)})
+    text, ok = report(tmp_path)
+    assert ok, text
+    assert "Test CPU (avx2; 2 threads)" in text and "PASS: best FLy configuration (fly-ngram)" in text
+    write_set(tmp_path / "specbench-math_reasoning", {"ar": m(1, 8), "exact-ngram": m(0.9, 7, 0.8),
+                                                      "fly-ngram": m(1.0, 8, 0.5, True), "llamacpp-ar": m(1.1, 9)})
+    text, ok = report(tmp_path)
+    assert not ok
+    assert "FAIL: every loosespec method >= 0.95x ar in every category (lowest: exact-ngram on " \
+           "specbench-math_reasoning, 0.90x)" in text
+    assert "FAIL: lossless exact-ngram identical to ar" in text
+
+
+def test_precision_compare(tmp_path):
+    def rows(d, dtype, scores, ids_same):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"dataset": "gsm8k", "target": "t", "dtype": dtype,
+                                                   "max_new_tokens": 8}))
+        lines = [json.dumps({"question_id": f"q{i}", "method": "ar", "score": s, "token_ids": [i] if ids_same[i] else [dtype],
+                             "new_tokens": 8, "wall_time": 1.0, "hardware": {"cpu": "Test CPU", "cpu_flags": []}})
+                 for i, s in enumerate(scores)]
+        (d / "results.jsonl").write_text("\n".join(lines) + "\n")
+
+    rows(tmp_path / "a", "int8", [True, True, False, True], [1, 0, 1, 1])
+    rows(tmp_path / "b", "float32", [True, False, False, False], [1, 0, 1, 1])
+    text = compare(tmp_path / "a", tmp_path / "b")
+    assert "| int8 | 3/4 = 0.75" in text and "| float32 | 1/4 = 0.25" in text
+    assert "right in int8 only: 2; right in float32 only: 0" in text
+    assert "identical token for token: 3/4" in text
+    assert "on all" not in text  # both sides have the same problems
+    (tmp_path / "a" / "results.jsonl").open("a").write(json.dumps(
+        {"question_id": "q9", "method": "ar", "score": False, "token_ids": [9], "new_tokens": 8, "wall_time": 1.0}) + "\n")
+    assert "int8 on all 5 problems it has scored: 3/5 = 0.60" in compare(tmp_path / "a", tmp_path / "b")

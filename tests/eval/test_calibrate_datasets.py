@@ -1,0 +1,45 @@
+"""GSM8K answer extraction and loading; SpecGuard's tau proposal."""
+
+import json
+
+import pytest
+
+from loosespec.eval.calibrate import propose_tau, roc_auc
+from loosespec.eval.datasets import is_correct, load_dataset
+from loosespec.errors import LoosespecError
+
+
+def test_is_correct_compares_numbers():
+    assert is_correct("The answer is 18.00.", "18")
+    assert is_correct("The answer is 1,000", "1,000")
+    assert not is_correct("The answer is 17", "18")
+    assert not is_correct("nothing", "18")
+
+
+def test_load_gsm8k_from_a_data_dir(tmp_path):
+    rows = [{"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"},
+            {"question": "What is 10 * 100?", "answer": "#### 1,000"}]
+    (tmp_path / "gsm8k_test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    probs = load_dataset("gsm8k", limit=5, directory=tmp_path)
+    assert [p.answer for p in probs] == ["5", "1,000"]
+    assert probs[0].id == "gsm8k/0" and "What is 2 + 3?" in probs[0].prompt and "The answer is" in probs[0].prompt
+    assert len(load_dataset("gsm8k", limit=1, directory=tmp_path)) == 1
+    with pytest.raises(LoosespecError, match="unknown dataset"):
+        load_dataset("gsm9k", directory=tmp_path)
+    with pytest.raises(LoosespecError, match="missing data file"):
+        (tmp_path / "empty").mkdir()
+        load_dataset("gsm8k", directory=tmp_path / "empty")
+
+
+def test_propose_tau_hits_the_requested_rate():
+    scores = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    labels = [True, True, False, True, False, False, False, False]
+    p = propose_tau(scores, labels, 0.25)
+    assert p["tau"] == 0.8 and p["accept_rate"] == 0.25 and p["precision"] == 1.0 and p["recall"] == pytest.approx(2 / 3, abs=1e-4)
+    p = propose_tau(scores, labels)  # default: the agreement rate, 3/8
+    assert p["requested_accept_rate"] == 0.375 and p["tau"] == 0.7 and p["precision"] == pytest.approx(2 / 3, abs=1e-4)
+    assert roc_auc(scores, labels) == pytest.approx(14 / 15)  # 15 (agree, disagree) pairs; 0.6 < 0.7 is the one wrong
+    assert roc_auc([0.5, 0.5], [True, False]) == 0.5
+    assert roc_auc([0.5], [True]) is None
+    with pytest.raises(ValueError):
+        propose_tau([], [])

@@ -1,0 +1,152 @@
+"""The vllm-* benchmark methods' plumbing (loosespec.eval.peers.vllm, bench), against a stand-in
+``vllm serve`` (tests/fakes/fake_vllm.py): server commands, the plugin's environment, counters read
+from /metrics, results rows, and speedup measured against vllm-ar."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from loosespec.eval import harness as B
+from loosespec.errors import LoosespecError
+from loosespec.eval.peers.vllm import VllmServer, VllmSettings, server_command, speculative_config
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_vllm.py"
+
+
+@pytest.fixture
+def fake_bin(tmp_path):
+    """An executable named like vLLM's CLI that runs the stand-in with this interpreter."""
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_server_commands_per_method():
+    s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=8)
+    assert speculative_config("vllm-ar", s) is None
+    assert speculative_config("vllm-ngram", s)["method"] == "ngram"
+    assert speculative_config("vllm-fly", s) == {"method": "draft_model", "model": "/m/draft",
+                                                 "num_speculative_tokens": 8}
+    default = VllmSettings(target="/m/target", draft="/m/draft")
+    assert speculative_config("vllm-draft", default)["num_speculative_tokens"] == 5
+    assert speculative_config("vllm-fly", default)["num_speculative_tokens"] == 15  # FLy's K
+    with pytest.raises(LoosespecError, match="never defers"):  # window 6 cannot fit in 5 drafts: FLy == exact
+        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))
+    argv, env = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/vllm"), 8000)
+    assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
+    argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
+    assert argv[:5] == ["/x/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/target"]
+    assert "--max-num-batched-tokens" not in argv  # vLLM's default unless asked
+    argv, _ = server_command("vllm-ar", dataclasses.replace(s, max_num_batched_tokens=256), 8000)
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
+    assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "6" and float(env["LOOSESPEC_FLY_ENTROPY_THRESHOLD"]) == 0.3
+    _, env = server_command("vllm-draft", s, 8000)
+    assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly
+    with pytest.raises(LoosespecError, match="needs a draft model"):
+        speculative_config("vllm-draft", VllmSettings(target="/m/target", draft=None))
+    assert B.is_lossy("vllm-fly") and B.is_lossy("vllm-fly-ngram") and not B.is_lossy("vllm-draft")
+    assert B.parse_methods("vllm-ar,vllm-fly") == ["ar", "vllm-ar", "vllm-fly"]
+
+
+def test_missing_vllm_is_a_clear_error(tmp_path):
+    with pytest.raises(LoosespecError, match="make vllm"):
+        VllmServer("vllm-ar", VllmSettings(target="t", draft=None, vllm_bin=str(tmp_path / "nope")), tmp_path / "log")
+
+
+class Problem:
+    def __init__(self, i):
+        self.id, self.category, self.prompt, self.answer = f"p{i}", "c", f"prompt {i}", None
+
+
+def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
+    problems = [Problem(i) for i in range(3)]
+    settings = {"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
+    vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin)
+    rows = B.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
+                       settings=settings, encode=lambda p: list(range(10, 20 + int(p.id[1:]))),
+                       scorer=lambda p, text: "rule=fly" not in text, model_id="target", progress=False, vllm=vllm)
+    assert len(rows) == 9 and len(B.ResultsFile(tmp_path / B.RESULTS).read()) == 9
+    by = {(r["question_id"], r["method"]): r for r in rows}
+    fly = by[("p1", "vllm-fly")]
+    assert fly["lossy"] and fly["output"].startswith("rule=fly") and fly["token_ids"] == list(range(20, 12, -1))
+    assert by[("p1", "vllm-draft")]["output"].startswith("rule=standard")
+    assert fly["drafted_tokens"] == 2 * 15 and fly["accepted_tokens"] == 8 - 2 and fly["rounds"] == 2
+    assert by[("p1", "vllm-ar")]["rounds"] == 8 and by[("p1", "vllm-ar")]["drafted_tokens"] == 0
+    summary = B.summarize(rows)
+    assert summary["methods"]["vllm-fly"]["baseline"] == "vllm-ar"
+    assert summary["methods"]["vllm-fly"]["mean_accepted_length"] == 4.0
+    assert summary["methods"]["vllm-fly"]["recovery"] == 0.0  # the toy scorer fails every fly output
+    assert summary["methods"]["vllm-draft"]["identical_to_ar"] == 1.0
+    log = (tmp_path / "vllm.log").read_text()
+    assert log.count("# ") >= 3 and '"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly"' in log
+    # resuming: nothing left to run, no server started
+    again = B.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
+                        settings=settings, encode=lambda p: [1, 2], scorer=lambda p, t: None, model_id="target",
+                        progress=False, vllm=VllmSettings(target="t", draft="d", vllm_bin=str(tmp_path / "absent")))
+    assert len(again) == 9
+
+
+def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
+    problems = [Problem(i) for i in range(3)]
+    settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
+    vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin, concurrency=2)
+    rows = B.run_bench(None, problems, ["vllm-ar", "vllm-draft"], tmp_path, dataset="toy", settings=settings,
+                       encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target",
+                       progress=False, vllm=vllm)
+    draft = [r for r in rows if r["method"] == "vllm-draft"]
+    assert [r["stats"]["block"]["requests"] for r in draft] == [2, 2, 1]
+    assert draft[0]["stats"]["block"]["vllm_counters"]["drafts"] == 4  # two requests of 6 tokens: 2 steps each
+    assert draft[0]["rounds"] == 2 and draft[0]["config"]["server"]["concurrency"] == 2
+    s = B.summarize(rows)["methods"]["vllm-draft"]
+    assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
+    blocks = {r["stats"]["block"]["makespan_s"]: r["stats"]["block"]["vllm_counters"] for r in draft}
+    assert len(blocks) == 2 and s["acceptance_rate"] == pytest.approx(
+        sum(c["accepted"] for c in blocks.values()) / sum(c["draft_tokens"] for c in blocks.values()), abs=1e-4)
+    table = B.format_table(B.summarize(rows)).splitlines()
+    assert "| throughput tok/s |" in table[0] and table[0].count("|") == table[1].count("|") == table[2].count("|")
+    draft_row = next(line for line in table if line.startswith("| vllm-draft |"))
+    assert draft_row.split(" | ")[4] == f"{s['throughput_tokens_per_s']:.2f}"
+
+
+def test_a_server_that_dies_while_starting_is_reported(tmp_path):
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\necho 'RuntimeError: no AVX-512' >&2\nexit 3\n")
+    exe.chmod(0o755)
+    with pytest.raises(LoosespecError, match="exited with 3 while starting"):
+        with VllmServer("vllm-ar", VllmSettings(target="t", draft=None, vllm_bin=str(exe)), tmp_path / "v.log"):
+            pass
+    assert "no AVX-512" in (tmp_path / "v.log").read_text()
+
+
+def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path):
+    """`loosespec serve --engine vllm` becomes `vllm serve` (here a script that records what it got)."""
+    import subprocess
+
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\necho \"$LOOSESPEC_REJECTION_SAMPLE_METHOD "
+                   f"$LOOSESPEC_FLY_WINDOW_SIZE\" > {tmp_path}/env\n")
+    exe.chmod(0o755)
+    tiny = tmp_path / "m"
+    from conftest import make_tiny_model, make_tiny_tokenizer
+
+    make_tiny_model(0).save_pretrained(tiny)
+    make_tiny_tokenizer().save_pretrained(tiny)
+    cmd = [sys.executable, "-m", "loosespec.cli", "serve", "--engine", "vllm", "--vllm-bin", str(exe),
+           "--target", str(tiny), "--draft", "none", "--method", "fly", "--fly-window-size", "4", "--port", "8765"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    argv = (tmp_path / "argv").read_text()
+    assert f"serve {tiny}" in argv and "--port 8765" in argv and '"method": "ngram"' in argv
+    assert '"num_speculative_tokens": 15' in argv  # FLy's K by default: its window must fit in the draft
+    assert (tmp_path / "env").read_text().split() == ["fly", "4"]
+    assert "vllm-fly-ngram (LOSSY)" in p.stderr
+    p = subprocess.run(cmd[:-6] + ["--method", "specguard"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
+    p = subprocess.run(cmd + ["--num-draft-tokens", "4"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,366 @@
+"""FLy on vLLM-shaped tensors (loosespec.integrations.vllm), without vLLM: flattened drafts of several requests
+with different draft lengths, -1 padding, greedy and sampled rows, and the plugin's patching."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from loosespec.verify.exact import greedy_verify
+from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection
+from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2
+
+V = 12
+
+
+def logits_for(tokens, sharp=(), flat=(), generator=None):
+    """[len(tokens), V] logits whose argmax is ``tokens``; rows in ``flat`` are uncertain (high top-3
+    entropy), the others confident."""
+    z = torch.randn(len(tokens), V, generator=generator) * 0.1 if generator is not None else torch.zeros(len(tokens), V)
+    for j, t in enumerate(tokens):
+        if j in flat:
+            z[j, t] += 0.3
+            z[j, (t + 1) % V] += 0.2
+            z[j, (t + 2) % V] += 0.1
+        else:
+            z[j, t] += 8.0
+    return z
+
+
+def batch(requests):
+    """Flatten [(draft tokens, target logits [K+1, V])] into vLLM's layout."""
+    drafts = [torch.tensor(d, dtype=torch.long) for d, _ in requests]
+    num = [len(d) for d in drafts]
+    cu = torch.tensor(num).cumsum(0)
+    draft_ids = torch.cat(drafts) if sum(num) else torch.empty(0, dtype=torch.long)
+    target = torch.cat([z[: len(d)] for d, z in requests])  # rows predicting each draft token
+    bonus = torch.stack([z[len(d)].argmax() for d, z in requests]).view(-1, 1)  # what vLLM samples beforehand
+    return draft_ids, num, cu, target, bonus
+
+
+def verify(reqs, settings, is_greedy=None, **kwargs):
+    draft_ids, num, cu, target, bonus = batch(reqs)
+    return fly_rejection_sample(draft_ids, num, 9, cu, None, target, bonus, is_greedy, settings, **kwargs)
+
+
+def row(out, i):
+    r = out[i].tolist()
+    assert all(t == -1 for t in r[r.index(-1):]) if -1 in r else True  # padding only at the end
+    return [t for t in r if t != -1]
+
+
+def make_requests():
+    g = torch.Generator().manual_seed(1)
+    # request 0: one mismatch at an uncertain position (1), then 6 matches: FLy defers it
+    d0 = [3, 5, 7, 1, 2, 9, 4, 6, 8]
+    t0 = [3, 4, 7, 1, 2, 9, 4, 6, 8, 0]
+    # request 1: no draft this step
+    # request 2: a mismatch where the target is confident: rejected either way
+    d2 = [1, 1, 2]
+    t2 = [1, 3, 2, 5]
+    # request 3: all accepted: the bonus token follows
+    d3 = [4, 4]
+    t3 = [4, 4, 11]
+    return [(d0, logits_for(t0, flat={1}, generator=g)), ([], logits_for([10], generator=g)),
+            (d2, logits_for(t2, generator=g)), (d3, logits_for(t3, generator=g))]
+
+
+def test_greedy_batch_matches_the_engine_rule_per_request():
+    reqs = make_requests()
+    s = FlySettings()
+    out, events = verify(reqs, s)
+    assert out.shape == (4, 10) and out.dtype == torch.int32
+    for i, (d, z) in enumerate(reqs):
+        want = fly_verify_greedy(torch.tensor(d, dtype=torch.long), z, s.fly_entropy_threshold, s.fly_window_size,
+                                 s.fly_entropy_top_k).tokens.tolist()
+        assert row(out, i) == want, i
+    assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the deferred mismatch kept, then the bonus
+    assert row(out, 1) == [10] and row(out, 2) == [1, 3] and row(out, 3) == [4, 4, 11]
+    assert events["fly_deferred"] == 1 and events["fly_hard_rejects"] == 1 and events["fly_mismatches"] == 2
+
+
+def test_gate_closed_is_vllms_exact_greedy_verification():
+    reqs = make_requests()
+    out, events = verify(reqs, FlySettings(fly_entropy_threshold=math.inf))
+    for i, (d, z) in enumerate(reqs):
+        assert row(out, i) == greedy_verify(torch.tensor(d, dtype=torch.long), z).tokens.tolist()
+    assert row(out, 0) == [3, 4] and events["fly_deferred"] == 0
+
+
+def test_gate_reads_the_raw_logits():
+    """vLLM hands over temperature-scaled logits for sampled rows; the gate must see the raw ones."""
+    reqs = [([3, 5, 7, 1, 2, 9, 4, 6, 8], logits_for([3, 4, 7, 1, 2, 9, 4, 6, 8, 0], flat={1}))]  # no noise
+    draft_ids, num, cu, target, bonus = batch(reqs)
+    sharpened = target * 50  # what a tiny temperature does: every row looks certain
+    greedy = torch.tensor([True])
+    out, _ = fly_rejection_sample(draft_ids, num, 9, cu, None, sharpened, bonus, greedy, FlySettings())
+    assert row(out, 0) == [3, 4]
+    out, _ = fly_rejection_sample(draft_ids, num, 9, cu, None, sharpened, bonus, greedy, FlySettings(),
+                                  raw_logits=target)
+    assert row(out, 0)[:2] == [3, 5]
+
+
+def test_sampled_rows_match_the_engine_rule_with_the_same_draws():
+    torch.manual_seed(0)
+    k = 5
+    d = torch.randint(0, V, (k,))
+    z = torch.randn(k + 1, V)
+    q = torch.softmax(torch.randn(k, V), -1)
+    p = torch.softmax(z, -1)
+    for seed in range(40):
+        want = fly_verify_rejection(d, q, z, p, torch.Generator().manual_seed(seed), theta=0.3, window_size=3)
+        # the same request twice in one batch, next to a greedy one, each with its own generator
+        reqs = [(d.tolist(), z), (d.tolist(), z), ([1, 2], logits_for([1, 2, 3]))]
+        draft_ids, num, cu, target, _ = batch(reqs)
+        probs = torch.cat([q, q, torch.full((2, V), 1.0 / V)])
+        bonus = torch.tensor([[int(want.tokens[-1])], [int(want.tokens[-1])], [3]])
+        gens = {0: torch.Generator().manual_seed(seed), 1: torch.Generator().manual_seed(seed)}
+        out, _ = fly_rejection_sample(draft_ids, num, k, cu, probs, target, bonus,
+                                      torch.tensor([False, False, True]), FlySettings(fly_window_size=3),
+                                      generators=gens)
+        assert row(out, 0) == want.tokens.tolist() == row(out, 1)
+        assert row(out, 2) == [1, 2, 3]
+
+
+def test_sampled_rows_use_the_draws_vllm_passes():
+    k = 4
+    d = torch.tensor([2, 2, 2, 2])
+    z = torch.zeros(k, V)  # p uniform: p(d) = 1/12
+    z_full = torch.cat([z, torch.zeros(1, V)])
+    draft_ids, num, cu, target, bonus = batch([(d.tolist(), z_full)])
+    gate_closed = FlySettings(fly_entropy_threshold=math.inf)
+    low = torch.full((k,), 0.01)  # u < p(d)/q(d) = 1/12 everywhere (n-gram: q one-hot)
+    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed,
+                                  uniform_probs=low)
+    assert row(out, 0)[:4] == [2, 2, 2, 2]
+    high = torch.tensor([0.01, 0.9, 0.01, 0.01])
+    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed,
+                                  uniform_probs=high)
+    r = row(out, 0)
+    assert r[0] == 2 and len(r) == 2 and r[1] != 2  # rejected at 1; the correction excludes the one-hot draft
+
+
+def test_inconsistent_layout_is_an_error():
+    reqs = make_requests()
+    draft_ids, num, cu, target, bonus = batch(reqs)
+    with pytest.raises(ValueError, match="request 0"):
+        fly_rejection_sample(draft_ids, [8, 0, 3, 2], 9, cu, None, target, bonus, None, FlySettings())
+
+
+def test_settings_from_environment():
+    assert FlySettings.from_env({}) is None
+    assert FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "standard"}) is None
+    s = FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "FLy", "LOOSESPEC_FLY_WINDOW_SIZE": "4",
+                              "LOOSESPEC_FLY_ENTROPY_THRESHOLD": "inf"})
+    assert s == FlySettings(fly_window_size=4, fly_entropy_threshold=math.inf)
+    with pytest.raises(ValueError, match="'fly' or 'standard'"):
+        FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "loose"})
+    with pytest.raises(ValueError, match="FLY_WINDOW_SIZE must be an integer"):
+        FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly", "LOOSESPEC_FLY_WINDOW_SIZE": "six"})
+    with pytest.raises(ValueError, match="fly_entropy_top_k"):
+        FlySettings(fly_entropy_top_k=1)
+
+
+def v2_batch(requests, states, max_num_reqs=6, temperature=0.0, seed=7):
+    """[(draft tokens, target logits [K+1, V])] in vLLM's V2 runner layout: every request owns K+1 logits rows,
+    ``draft_sampled`` holds each row's input token (the last sampled token, then the drafts), requests sit at
+    request-state slots ``states``."""
+    rows, sampled, cu, pos = [], [], [0], []
+    for d, z in requests:
+        rows.append(z[: len(d) + 1])
+        sampled += [0, *d]
+        pos += list(range(100, 101 + len(d)))
+        cu.append(cu[-1] + len(d) + 1)
+    temps = torch.zeros(max_num_reqs)
+    for r, st in enumerate(states):
+        temps[st] = temperature[r] if isinstance(temperature, (list, tuple)) else temperature
+    return dict(target_logits=torch.cat(rows), draft_sampled=torch.tensor(sampled), cu_num_logits=torch.tensor(cu),
+                pos=torch.tensor(pos), idx_mapping=torch.tensor(states), temperature=temps,
+                seed=torch.full((max_num_reqs,), seed))
+
+
+def verify_v2(b, settings, k=9, draft_logits=None, processed=None):
+    target = b["target_logits"] if processed is None else processed
+    return fly_rejection_sample_v2(target, b["target_logits"], draft_logits, b["draft_sampled"], b["cu_num_logits"],
+                                   b["pos"], b["idx_mapping"], b["temperature"], b["seed"], k, settings)
+
+
+def v2_rows(sampled, num_sampled):
+    return [sampled[i, : int(n)].tolist() for i, n in enumerate(num_sampled)]
+
+
+def test_v2_layout_rules_as_v1_does():
+    """The V2 runner's layout (bonus rows inline, requests at permuted state slots) gives the V1 result."""
+    reqs = make_requests()
+    for s in (FlySettings(), FlySettings(fly_entropy_threshold=math.inf)):
+        v1, ev1 = verify(reqs, s)
+        sampled, num, ev2 = verify_v2(v2_batch(reqs, states=[4, 0, 5, 2]), s)
+        assert sampled.shape == (4, 10) and sampled.dtype == torch.int64 and num.dtype == torch.int32
+        assert v2_rows(sampled, num) == [row(v1, i) for i in range(4)]
+        assert ev1 == ev2
+
+
+def test_v2_placeholder_drafts_are_rejected():
+    """A -1 draft (V2 marks drafts of a request still in prefill so) ends the draft even where FLy would defer."""
+    t = [3, 4, 7, 1, 2, 9, 4, 6, 8, 0]
+    z = logits_for(t, flat={1})
+    good, _, _ = verify_v2(v2_batch([([3, 5, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
+    assert good[0].tolist() == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # deferred, as in V1
+    sampled, num, events = verify_v2(v2_batch([([3, -1, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
+    assert v2_rows(sampled, num) == [[3, 4]] and events["fly_mismatches"] == 0
+
+
+def test_v2_sampled_requests_read_their_own_draft_logits():
+    """draft_logits is indexed by request-state slot, pre-temperature: q == p accepts every draft (ratio 1);
+    a draft the target gives ~0 probability is rejected at once."""
+    g = torch.Generator().manual_seed(3)
+    k, temp = 4, 0.7
+    z_a = torch.randn(k + 1, V, generator=g)
+    d_a = [1, 2, 3, 4]
+    z_b = torch.randn(k + 1, V, generator=g)
+    z_b[:, 5] = -30.0
+    d_b = [5, 5, 5, 5]
+    b = v2_batch([(d_a, z_a), (d_b, z_b)], states=[3, 0], temperature=temp)
+    draft_logits = torch.full((6, k, V), 1.0)  # other slots: flat garbage
+    draft_logits[3] = z_a[:k]  # request A's drafter agrees with the target exactly
+    draft_logits[0] = torch.zeros(k, V)
+    draft_logits[0, :, 5] = 30.0  # request B's drafter is sure of a token the target excludes
+    processed = b["target_logits"] / temp
+    gate_closed = FlySettings(fly_entropy_threshold=math.inf)
+    for seed in range(5):
+        b["seed"] = torch.full((6,), seed)
+        sampled, num, _ = verify_v2(b, gate_closed, k=k, draft_logits=draft_logits, processed=processed)
+        a, bb = v2_rows(sampled, num)
+        assert a[:k] == d_a and len(a) == k + 1
+        assert len(bb) == 1 and bb[0] != 5
+    again = verify_v2(b, gate_closed, k=k, draft_logits=draft_logits, processed=processed)
+    assert torch.equal(again[0], sampled)  # a seeded request verifies the same way every time
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """The names the plugin touches in vllm.v1.sample.rejection_sampler, as a stand-in module."""
+    rs = types.ModuleType("vllm.v1.sample.rejection_sampler")
+    rs.GREEDY_TEMPERATURE = 0
+    rs.rejection_sample = lambda *a, **k: "vllm's own"
+    rs.apply_sampling_constraints = lambda logits, cu, md: logits.div_(md.temperature[0])
+    rs.generate_uniform_probs = lambda n, num, gens, device: torch.full((n,), 0.5)
+    for name in ("vllm", "vllm.v1", "vllm.v1.sample"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.sample.rejection_sampler", rs)
+    sys.modules["vllm.v1.sample"].rejection_sampler = rs
+    return rs
+
+
+def test_plugin_does_nothing_unless_enabled(fake_vllm, monkeypatch):
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.delenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", raising=False)
+    plugin.register()
+    assert fake_vllm.rejection_sample() == "vllm's own"
+
+
+def test_plugin_replaces_verification_and_counts(fake_vllm, monkeypatch, tmp_path):
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_FLY_STATS_FILE", str(tmp_path / "fly-{pid}.json"))
+    plugin.register()
+    plugin.register()  # a second call in the same process leaves one layer of patching
+    reqs = make_requests()
+    draft_ids, num, cu, target, bonus = batch(reqs)
+    md = types.SimpleNamespace(all_greedy=True, all_random=False, temperature=torch.tensor([0.0] * 4),
+                               generators={})
+    out = fake_vllm.rejection_sample(draft_ids, num, 9, cu, None, target, bonus, md, synthetic_mode=False)
+    assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]
+    # a mixed batch: the constraints wrapper keeps the raw logits for the gate
+    md = types.SimpleNamespace(all_greedy=False, all_random=False, temperature=torch.tensor([0.0, 0.7, 0.0, 0.0]),
+                               generators={})
+    processed = fake_vllm.apply_sampling_constraints(target.clone(), cu, types.SimpleNamespace(
+        all_greedy=False, temperature=torch.tensor([0.02])))
+    out = fake_vllm.rejection_sample(draft_ids, num, 9, cu, None, processed, bonus, md)
+    assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # deferred: the gate saw the raw, uncertain row
+    files = list(tmp_path.glob("fly-*.json"))
+    assert len(files) == 1
+    import json
+
+    counts = json.loads(files[0].read_text())
+    assert counts["steps"] >= 1 and counts["fly_deferred"] >= 1 and counts["drafted_tokens"] >= 14
+
+
+@pytest.fixture
+def fake_vllm_v2(fake_vllm, monkeypatch):
+    """The V2 runner's RejectionSampler as a stand-in: the plugin wraps its ``_verify``."""
+    mod = types.ModuleType("vllm.v1.worker.gpu.spec_decode.rejection_sampler")
+
+    class RejectionSampler:
+        def __init__(self, sampler, k):
+            self.sampler, self.num_speculative_steps = sampler, k
+            self.synthetic_conditional_rates, self.use_block_verification, self.watermark_key = None, False, None
+
+        def _verify(self, *args):
+            return "vllm's own"
+
+    mod.RejectionSampler = RejectionSampler
+    for name in ("vllm.v1.worker", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.spec_decode"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    sys.modules["vllm.v1.worker.gpu.spec_decode"].rejection_sampler = mod
+    return mod
+
+
+def test_plugin_wraps_the_v2_runner(fake_vllm_v2, monkeypatch, tmp_path):
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_FLY_STATS_FILE", str(tmp_path / "fly.json"))
+    plugin.register()
+    reqs = make_requests()
+    b = v2_batch(reqs, states=[1, 0, 3, 2])
+    temp = 0.02
+
+    def apply_sampling_params(logits, *args):
+        return logits / temp  # what a tiny temperature does: every row looks certain
+
+    states = types.SimpleNamespace(temperature=types.SimpleNamespace(gpu=b["temperature"]),
+                                   seeds=types.SimpleNamespace(gpu=b["seed"]))
+    sampler = types.SimpleNamespace(apply_sampling_params=apply_sampling_params, sampling_states=states)
+    rs = fake_vllm_v2.RejectionSampler(sampler, 9)
+    processed, sampled, num = rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"],
+                                         b["idx_mapping"], b["idx_mapping"].numpy(), None, None, None,
+                                         b["draft_sampled"])
+    assert torch.equal(processed, b["target_logits"] / temp)
+    assert v2_rows(sampled, num)[0] == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the gate read the raw logits
+    import json
+
+    counts = json.loads((tmp_path / "fly.json").read_text())
+    assert counts["steps"] == 1 and counts["fly_deferred"] == 1 and counts["drafted_tokens"] == 14
+    rs.use_block_verification = True
+    with pytest.raises(RuntimeError, match="'block'"):
+        rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
+                   b["idx_mapping"].numpy(), None, None, None, b["draft_sampled"])
+
+
+def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
+    """vLLM's start-up profiling verifies random logits under top-p 0.9 and can leave a row with no finite
+    logit; the rule must draw from the unprocessed row instead of failing (V1 and V2 layouts)."""
+    d = [2, 2]
+    raw = logits_for([7, 7, 7])
+    processed = raw.clone()
+    processed[0] = -math.inf  # nothing left at the first position
+    draft_ids, num, cu, _, bonus = batch([(d, raw)])
+    q = torch.full((2, V), 1.0 / V)
+    for seed in range(5):
+        out, _ = fly_rejection_sample(draft_ids, num, 2, cu, q, processed[:2], bonus, torch.tensor([False]),
+                                      FlySettings(fly_entropy_threshold=math.inf), raw_logits=raw[:2],
+                                      generators={0: torch.Generator().manual_seed(seed)})
+        assert row(out, 0) == [7]  # rejected (p(2) ~ 0 under the raw row), corrected from the raw row's mass
+    b = v2_batch([(d, raw)], [0], temperature=1.0)
+    sampled, num2, _ = fly_rejection_sample_v2(processed.flip(0), raw.flip(0), None, b["draft_sampled"],
+                                               b["cu_num_logits"], b["pos"], b["idx_mapping"], b["temperature"],
+                                               b["seed"], 2, FlySettings())
+    assert int(num2[0]) >= 1  # the last (bonus) row is the emptied one here: drawn from its raw row
