@@ -43,7 +43,8 @@ from pathlib import Path
 import torch
 
 from loosespec import Engine
-from loosespec.eval.harness import HF_GENERATION_KWARGS, WARMUP_TOKENS, is_lossy, method_config, run_method
+from loosespec.eval.harness import (HF_GENERATION_KWARGS, WARMUP_TOKENS, is_lossy, method_config,
+                                    pooled_mean_accepted_length, run_method)
 from loosespec.eval.datasets import data_dir, gsm8k, is_correct
 from loosespec.decode.text import encode_prompt
 
@@ -80,6 +81,7 @@ def run_one(engine: Engine, method: str, ids: torch.Tensor, max_new: int, sg_tau
     s = o.stats
     return {"token_ids": o.token_ids, "wall_s": o.wall_s, "lossy": is_lossy(method),
             "mean_accepted_length": s.get("mean_accepted_length") if method not in HF_GENERATION_KWARGS else None,
+            "rounds": s.get("rounds") if method not in HF_GENERATION_KWARGS else None,
             "acceptance_rate": s.get("acceptance_rate"), "target_forwards": s.get("target_forwards"),
             "draft_forwards": s.get("draft_forwards"), "steps": s.get("steps"), "accepted_steps": s.get("accepted_steps"),
             "sg_tau": o.config.get("sg_tau") if o.config.get("method") == "specguard" else None,
@@ -97,11 +99,12 @@ def summarize(rows: list[dict], methods: list[str]) -> dict:
             mine = [r for r in picked if r["method"] == m]
             wall = sum(r["wall_s"] for r in mine)
             toks = sum(len(r["token_ids"]) for r in mine)
-            taus = [r["mean_accepted_length"] for r in mine if r["mean_accepted_length"] is not None]
+            counted = [r for r in mine if r.get("rounds")]  # transformers' peers report no rounds
             same = sum(r["token_ids"] == ar[(r["category"], r["id"])]["token_ids"] for r in mine)
             table[cat][m] = {"speedup": round(ar_wall / wall, 3), "wall_s": round(wall, 2),
                              "tokens_per_s": round(toks / wall, 3),
-                             "mean_accepted_length": round(sum(taus) / len(taus), 3) if taus else None,
+                             "mean_accepted_length": pooled_mean_accepted_length(
+                                 [len(r["token_ids"]) for r in counted], [r["rounds"] for r in counted]),
                              "identical_to_ar": same, "prompts": len(mine), "lossy": mine[0]["lossy"]}
             scored = [r for r in mine if r.get("correct") is not None]
             if scored:

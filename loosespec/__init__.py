@@ -17,12 +17,13 @@ __all__ = ["Engine", "DecodeConfig", "GenerationResult", "LoosespecError", "__ve
 # Imported on first use (PEP 562): the acceptance rules (loosespec.verify) and the vLLM plugin
 # (loosespec.integrations.vllm) need only torch, and run inside vLLM's environment, whose transformers is older than
 # the engine's.
-_LAZY = {"DecodeConfig": ".config", "Engine": ".engine", "GenerationResult": ".engine", "LoosespecError": ".errors"}
+_LAZY = {"DecodeConfig": "loosespec.config", "Engine": "loosespec.decode.engine", "GenerationResult": "loosespec.decode.engine",
+         "LoosespecError": "loosespec.errors"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,3 +33,11 @@ def test_no_relative_imports_left():
     for p in PKG.rglob("*.py"):
         tree = ast.parse(p.read_text(encoding="utf-8"))
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], p
+
+
+def test_the_library_entry_points_resolve():
+    """`from loosespec import Engine` (README's first library line) goes through a lazy table of module names."""
+    import loosespec
+
+    for name in loosespec.__all__:
+        assert getattr(loosespec, name) is not None, name

@@ -540,12 +540,18 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000
     return round(stats[int(0.025 * (len(stats) - 1))], 3), round(stats[int(0.975 * (len(stats) - 1))], 3)
 
 
+def pooled_mean_accepted_length(new_tokens: Sequence[int], rounds: Sequence[int]) -> float | None:
+    """Spec-Bench's mean accepted length over several generations: all emitted tokens / all rounds (pooled,
+    not the mean of per-prompt values). The one definition every report of this project uses."""
+    total = sum(rounds)
+    return round(sum(new_tokens) / total, 4) if total else None
+
+
 def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     paired = [r for r in mine if r["question_id"] in ar]
     wall = sum(r["wall_time"] for r in paired)
     ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in paired)
     toks = sum(r["new_tokens"] for r in paired)
-    rounds = sum(r["rounds"] for r in paired)
     drafted = [r["drafted_tokens"] for r in paired if r.get("drafted_tokens") is not None]
     accepted = [r["accepted_tokens"] for r in paired if r.get("accepted_tokens") is not None]
     s = {
@@ -555,7 +561,8 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
                                         [r["wall_time"] for r in paired]),
         "wall_s": round(wall, 3), "new_tokens": toks,
         "tokens_per_s": round(toks / wall, 4) if wall > 0 else None,
-        "mean_accepted_length": round(toks / rounds, 4) if rounds else None,
+        "mean_accepted_length": pooled_mean_accepted_length([r["new_tokens"] for r in paired],
+                                                            [r["rounds"] for r in paired]),
         "acceptance_rate": round(sum(accepted) / sum(drafted), 4) if drafted and sum(drafted) else None,
         "identical_to_ar": round(sum(r["token_ids"] == ar[r["question_id"]]["token_ids"] for r in paired)
                                  / len(paired), 4) if paired else None,
