@@ -76,15 +76,16 @@ class Knob:
     escapes: bool = False  # on the command line, backslash escapes (\\n) are interpreted
     auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
     lossy: str | None = None  # the lossy method the knob belongs to ("fly", "specguard"), for the help text
+    check: Any = None  # value -> error text (None: fine), for rules bounds cannot say
     vllm: bool = False  # a setting of the vLLM plugin too (loosespec.integrations.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
 
 
 def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING,
          choices: tuple | None = None, flag: str | None = None, request: bool = True, cli: bool = True,
          escapes: bool = False, auto: bool = False, lossy: str | None = None, vllm: bool = False,
-         **bounds) -> Any:
+         check: Any = None, **bounds) -> Any:
     """A :class:`DecodeConfig` field with its :class:`Knob` metadata."""
-    meta = {"knob": Knob(help, bounds, choices, flag, request, cli, escapes, auto, lossy, vllm)}
+    meta = {"knob": Knob(help, bounds, choices, flag, request, cli, escapes, auto, lossy, check, vllm)}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -166,10 +167,24 @@ def validate_knob(name: str, value):
     from pydantic import ValidationError
 
     try:
-        return _adapter(name).validate_python(value)
+        value = _adapter(name).validate_python(value)
     except ValidationError as e:
         raise ConfigError(name, "{%s} %s" % (name, _describe(e.errors(include_url=False), value)
                                              .replace("{", "{{").replace("}", "}}"))) from None
+    check = KNOBS[name].metadata["knob"].check
+    problem = check(value) if check is not None else None
+    if problem:
+        raise ConfigError(name, "{%s} %s" % (name, problem.replace("{", "{{").replace("}", "}}")))
+    return value
+
+
+def _theta_check(theta: float) -> str | None:
+    # the official FLy code gates only when theta > 0.01: a theta in (0, 0.01] turns its gate off, where here it
+    # would gate almost nothing but not nothing. Rather than guess which a user meant, refuse it.
+    if 0.0 < theta <= 0.01:
+        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
+                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
+    return None
 
 
 @dataclass(frozen=True)
@@ -212,10 +227,10 @@ class DecodeConfig:
     fly_window_size: int = knob(6, "deferred window W, counting the mismatch itself.", lossy="FLy", vllm=True, ge=1,
                                 le=1024)
     fly_entropy_threshold: float = knob(0.3, "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no "
-                                        "mismatch is ever deferred.", lossy="FLy", vllm=True, ge=0.0)
-    fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (renormalised; >= 2, the "
-                                  "entropy of one probability is always 0).", lossy="FLy", vllm=True, ge=2,
-                                  le=1024)
+                                        "mismatch is ever deferred; (0, 0.01] is refused (the official code "
+                                        "treats it as 0).", lossy="FLy", vllm=True, check=_theta_check, ge=0.0)
+    fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (of the full softmax, not "
+                                  "renormalised, as the official code).", lossy="FLy", vllm=True, ge=1, le=1024)
     fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
                              "rejection (loose rule on rejection sampling).", lossy="FLy", choices=FLY_SAMPLING)
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)

@@ -19,7 +19,7 @@ def test_every_knob_has_help_and_its_default_validates():
     DecodeConfig(drafter="ngram")  # the defaults pass their own bounds (the drafter is the method's to choose)
 
 
-@pytest.mark.parametrize("name, bad", [("num_draft_tokens", 0), ("top_p", 0.0), ("fly_entropy_top_k", 1),
+@pytest.mark.parametrize("name, bad", [("num_draft_tokens", 0), ("top_p", 0.0), ("fly_entropy_top_k", 0),
                                        ("sg_beta", 1.5), ("sg_embedder", "nope"), ("method", "magic"),
                                        ("fly_entropy_threshold", float("nan")), ("sg_delimiter", "")])
 def test_bad_values_name_the_field_for_each_reader(name, bad):
@@ -94,7 +94,7 @@ def test_server_request_fields_derive_from_the_schema():
     from loosespec.serve.app import CommonFields, SpecFields
 
     assert set(SpecFields.model_fields) == {n for n in KNOBS if knob_info(n).request}
-    for name, bad in (("num_draft_tokens", 0), ("fly_entropy_top_k", 1), ("sg_tau", -1.0), ("method", "magic")):
+    for name, bad in (("num_draft_tokens", 0), ("fly_entropy_top_k", 0), ("sg_tau", -1.0), ("method", "magic")):
         with pytest.raises(pydantic.ValidationError) as e:
             CommonFields(**{name: bad})
         assert e.value.errors()[0]["loc"][0] == name
@@ -109,8 +109,8 @@ def test_vllm_settings_share_defaults_and_bounds():
     s = FlySettings()
     for f in dataclasses.fields(s):
         assert getattr(s, f.name) == knob_default(f.name)
-    with pytest.raises(ValueError, match="fly_entropy_top_k must be >= 2"):
-        FlySettings(fly_entropy_top_k=1)
+    with pytest.raises(ValueError, match="fly_entropy_top_k must be >= 1"):
+        FlySettings(fly_entropy_top_k=0)
 
 
 DUMMY_PROBE = r'''

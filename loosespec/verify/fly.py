@@ -10,7 +10,9 @@ exact-match mask ``E_j = (d_j == t_j)``. A mismatch at ``j`` is *deferred* (the 
 
 1. **gate**: ``H_j >= theta``, with ``H_j`` the entropy of the target's top-k probabilities
    (k = ``fly_entropy_top_k`` = 3; probabilities from the full softmax, not renormalised; natural
-   log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always. A mismatch with
+   log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always (the official code also turns
+   the gate off for any theta in (0, 0.01]; the configuration refuses those values rather than
+   guess which meaning was wanted: ``loosespec.config``). A mismatch with
    ``H_j < theta`` is a *hard reject* (the target is confident).
 2. **window**: positions ``j+1 .. j+W-1`` are all exact matches. ``W = fly_window_size`` counts
    the mismatch itself: this is the official code's meaning; the paper's prose says "the next W

@@ -178,3 +178,19 @@ def test_rejection_variant_defers_a_native_reject():
 def test_tiny_drafts(k):
     v = fly_verify_greedy(torch.arange(k), torch.randn(k + 1, 7))
     assert v.tokens.shape[0] == v.num_accepted + 1 <= k + 1
+
+
+@pytest.mark.parametrize("theta", [1e-6, 0.005, 0.01])
+def test_theta_in_the_official_codes_off_range_is_refused(theta):
+    """The official code gates only when theta > 0.01; a theta in (0, 0.01] is refused with a clear error (0 turns
+    the gate off here, as there), in the library and in the vLLM plugin alike."""
+    from loosespec.config import ConfigError, DecodeConfig
+    from loosespec.integrations.vllm.rule import FlySettings
+
+    with pytest.raises(ConfigError, match="pass 0 to turn the gate off") as e:
+        DecodeConfig.create("fly", fly_entropy_threshold=theta)
+    assert e.value.field == "fly_entropy_threshold"
+    with pytest.raises(ValueError, match="ambiguous"):
+        FlySettings(fly_entropy_threshold=theta)
+    assert DecodeConfig.create("fly", fly_entropy_threshold=0.0).fly_entropy_threshold == 0.0
+    assert DecodeConfig.create("fly", fly_entropy_threshold=0.0101).fly_entropy_threshold == 0.0101
