@@ -164,6 +164,7 @@ class Generation:
                     first = False
                 before = len(self.assembler.token_ids)
                 delta = self.assembler.push(tokens)
+                self.stats.uncommit(before + len(tokens) - len(self.assembler.token_ids))  # cut at a stop string
                 if self.assembler.stopped or tokens[-1] in e.stop_ids:
                     self.finish_reason = "stop"
                 # every round's committed ids (cut at a stop string); text may be held back ("")

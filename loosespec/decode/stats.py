@@ -23,6 +23,9 @@
 - ``draft_length_histogram``: how many rounds drafted up to k tokens, k as the cost-aware draft
   length chose it (:mod:`loosespec.decode.draftlen`; 0 = a plain target step), or the fixed K.
 - ``precision``: the precision the target ran in (``int8``, ``bfloat16``, ...), set by the engine.
+- Counts describe committed output: where output is cut after the rounds that produced it (a
+  SpecGuard target step at its delimiter, a stop string), :meth:`Stats.uncommit` takes the cut tokens
+  back out of the rounds, so ``sum(round_lengths) == new_tokens`` always.
 - ``round_lengths``: tokens emitted by each round (Spec-Bench's ``accept_lengths``), kept on the
   object for histograms, left out of ``to_dict``.
 """
@@ -31,6 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+
+STEP = "step"  # the round record of an accepted SpecGuard step
 
 
 @dataclass
@@ -53,6 +59,9 @@ class Stats:
     round_lengths: list[int] = field(default_factory=list)  # tokens emitted by each round, in order
     draft_lengths: dict[int, int] = field(default_factory=dict)  # chosen draft length -> rounds
     precision: str | None = None
+    # per round, in order: (drafted, accepted, emitted, chosen draft length or None), what uncommit() takes back
+    round_records: list[tuple] = field(default_factory=list, repr=False)
+    _choice: int | None = field(default=None, repr=False)
 
     def record_round(self, drafted: int, accepted: int, emitted: int, events: Mapping[str, int] | None = None) -> None:
         self.rounds += 1
@@ -63,6 +72,8 @@ class Stats:
         self.accepted_tokens += accepted
         self.new_tokens += emitted
         self.round_lengths.append(emitted)
+        self.round_records.append((drafted, accepted, emitted, self._choice))
+        self._choice = None
         if drafted > len(self.drafted_at):
             grow = drafted - len(self.drafted_at)
             self.drafted_at += [0] * grow
@@ -74,6 +85,44 @@ class Stats:
 
     def record_draft_length(self, k: int) -> None:
         self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
+        self._choice = k
+
+    def uncommit(self, n: int) -> None:
+        """Take back the last ``n`` emitted tokens: output cut after the rounds that emitted it (a SpecGuard
+        step ends at its delimiter, a stop string ends the text), so that the counts describe only what was
+        committed. A round left with nothing is removed entirely; a round cut short keeps what it committed,
+        its accepted draft tokens reduced to those among them."""
+        while n > 0 and self.round_records:
+            drafted, accepted, emitted, choice = self.round_records[-1]
+            keep = emitted - n
+            if keep <= 0:
+                self.round_records.pop()
+                self.round_lengths.pop()
+                self.rounds -= 1
+                self.drafts -= drafted > 0
+                self.drafted_tokens -= drafted
+                self.accepted_tokens -= accepted
+                self.new_tokens -= emitted
+                if choice != STEP:  # an accepted SpecGuard step has no per-position counts
+                    for i in range(drafted):
+                        self.drafted_at[i] -= 1
+                    for i in range(accepted):
+                        self.accepted_at[i] -= 1
+                if choice not in (None, STEP):
+                    self.draft_lengths[choice] -= 1
+                    if not self.draft_lengths[choice]:
+                        del self.draft_lengths[choice]
+                n -= emitted
+            else:
+                kept = min(accepted, keep)
+                if choice != STEP:
+                    for i in range(kept, accepted):
+                        self.accepted_at[i] -= 1
+                self.accepted_tokens -= accepted - kept
+                self.new_tokens -= n
+                self.round_lengths[-1] = keep
+                self.round_records[-1] = (drafted, kept, keep, choice)
+                n = 0
 
     def record_step(self, record: dict, candidates: int) -> None:
         """A SpecGuard step: ``record`` has grounding, confidence, score, accepted, agrees, tokens."""
@@ -86,6 +135,7 @@ class Stats:
             self.accepted_tokens += record["tokens"]
             self.new_tokens += record["tokens"]
             self.round_lengths.append(record["tokens"])
+            self.round_records.append((record["tokens"], record["tokens"], record["tokens"], STEP))
 
     def step_summary(self) -> dict:
         if not self.steps:

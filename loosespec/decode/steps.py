@@ -202,7 +202,9 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
                 tokens += chunk
                 if done(tokens):
                     break
-            tokens = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
+            cut = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
+            stats.uncommit(len(tokens) - len(cut))  # rounds may run past the delimiter: count what is kept
+            tokens = cut
             record["agrees"] = tokens == step
             record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
                                                         torch.tensor(step, dtype=torch.long))

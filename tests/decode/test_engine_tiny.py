@@ -144,3 +144,36 @@ def test_json_config_reproduces(tiny_engine):
     cfg = DecodeConfig(**{k: (tuple(v) if k == "stop" else v) for k, v in c.items()
                           if k in DecodeConfig.__dataclass_fields__})
     assert tiny_engine.generate(PROMPT, cfg, raw=True).token_ids == r.token_ids
+
+
+def test_uncommit_takes_back_whole_and_partial_rounds():
+    from loosespec.decode.stats import Stats
+
+    s = Stats()
+    s.record_draft_length(4)
+    s.record_round(4, 3, 4)  # 3 accepted + a correction
+    s.record_draft_length(4)
+    s.record_round(4, 4, 5)  # all 4 + the bonus
+    s.uncommit(6)  # the whole second round and the first round's last 1
+    assert s.rounds == 1 and s.round_lengths == [3] and s.new_tokens == 3
+    assert s.accepted_tokens == 3 and s.drafted_tokens == 4 and s.drafts == 1
+    assert s.drafted_at == [1, 1, 1, 1] and s.accepted_at == [1, 1, 1, 0]
+    assert s.draft_lengths == {4: 1}
+    s.uncommit(2)  # a cut inside the accepted prefix
+    assert s.round_lengths == [1] and s.accepted_tokens == 1 and s.accepted_at[:3] == [1, 0, 0]
+
+
+def test_stop_string_cut_counts_only_committed_rounds(tiny_engine):
+    from loosespec.config import DecodeConfig
+
+    prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
+    free = tiny_engine.generate(prompt, DecodeConfig.create("exact", "ngram", max_new_tokens=60,
+                                                            adaptive_draft_length=False), raw=True)
+    text = free.text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    assert stop.strip(), text
+    r = tiny_engine.generate(prompt, DecodeConfig.create("exact", "ngram", max_new_tokens=60, stop=[stop],
+                                                         adaptive_draft_length=False), raw=True)
+    assert len(r.token_ids) < len(free.token_ids)
+    assert sum(r.stats.round_lengths) == len(r.token_ids) == r.stats.new_tokens
+    assert r.stats.accepted_tokens == sum(rec[1] for rec in r.stats.round_records)

@@ -166,6 +166,7 @@ def test_tau_zero_accepts_every_draft_step(smol_engine):
     assert s["candidates_drafted"] == 4 * s["steps"]
     assert 0.0 <= s["mean_grounding"] <= 1.0 and 0.0 < s["mean_confidence"] <= 1.0
     assert r.config["lossy"] is True and r.config["sg_tau"] == 0.0
+    assert_counts_only_committed(r)
 
 
 @pytest.mark.parametrize("on_reject, drafter", [("regenerate", "ngram"), ("draft-assisted", "ngram"),
@@ -185,6 +186,18 @@ def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, d
         assert s["rounds"] == s["new_tokens"]  # the target alone, one token per forward
     else:
         assert s["rounds"] < s["new_tokens"]
+    assert_counts_only_committed(r)
+
+
+def assert_counts_only_committed(r):
+    """Rounds that ran past a step's delimiter are counted up to it (issue 18: 67, 71, 75 counted for 60 made)."""
+    st = r.stats
+    assert sum(st.round_lengths) == len(r.token_ids) == st.new_tokens
+    assert len(st.round_lengths) == st.rounds
+    assert 0 <= st.accepted_tokens <= st.drafted_tokens
+    assert st.accepted_tokens == sum(rec[1] for rec in st.round_records)
+    assert all(0 <= a <= d for a, d in zip(st.accepted_at, st.drafted_at))
+    assert sum(st.draft_lengths.values()) <= st.rounds
 
 
 def test_cli_specguard_json_and_help(tmp_path):
