@@ -16,7 +16,8 @@ methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
    the configured token-level drafter drafts the rest of the step.
 
 Choices where the papers are silent: the draft embedder mean-pools the draft's last hidden state
-over the positions that produced the step's tokens (free, collected while drafting); confidence
+over the step's own token positions (collected while drafting, plus one forward for the last
+token; the seed describes consistency by attention patterns instead, not built yet); confidence
 uses the draft's untempered (T = 1) log-probs; a step is cut at ``sg_max_step_tokens``. An
 accepted step counts as one round of the run statistics, all its tokens drafted and accepted.
 Every step leaves a record (scores, accepted, and, when the target wrote the step, ``agrees``:
@@ -47,19 +48,25 @@ from loosespec.verify.grounding import (ROLLOUT_LAYERS, accept_step, grounding_f
 class Candidate:
     tokens: list[int]
     logprobs: torch.Tensor  # [S] log-probs of the tokens under the draft at T = 1
-    hidden: torch.Tensor  # [D] mean of the draft's last hidden state over the positions producing them
+    hidden: torch.Tensor  # [D] mean of the draft's last hidden state at the candidate's own token positions
 
 
 def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperature: float,
                     generator: torch.Generator | None, done: Callable[[list[int]], bool]) -> Candidate:
-    """One step from the draft model: greedy when ``temperature`` is 0, else sampled."""
+    """One step from the draft model: greedy when ``temperature`` is 0, else sampled.
+
+    Its embedding is the mean of the draft's last hidden state at the candidate's own tokens: the
+    forward that produces token i+1 returns the state at token i; the context's last position (the
+    same for every candidate) is left out, and one more forward gives the last token's state.
+    """
     tokens: list[int] = []
     logprobs, states = [], []
     for _ in range(max_tokens):
         out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1,
                          output_hidden_states=True)
         logits = out.logits[0, -1].float()  # [V]
-        states.append(out.hidden_states[-1][0, -1].float())  # [D]
+        if tokens:
+            states.append(out.hidden_states[-1][0, -1].float())  # [D] at the last token of the candidate
         if temperature == 0.0:
             token = int(logits.argmax())
         else:
@@ -68,6 +75,8 @@ def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperatur
         logprobs.append(torch.log_softmax(logits, dim=-1)[token])
         if done(tokens):
             break
+    out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1, output_hidden_states=True)
+    states.append(out.hidden_states[-1][0, -1].float())  # the last token's own state
     return Candidate(tokens, torch.stack(logprobs).cpu(), torch.stack(states).mean(dim=0).cpu())
 
 

@@ -115,6 +115,21 @@ def test_candidate_sampling_is_seeded(tiny_engine):
     assert c.hidden.shape == (tiny_engine.draft.model.config.hidden_size,)
 
 
+def test_candidate_embedding_is_over_its_own_tokens(tiny_engine):
+    """The mean of the draft's last hidden state at the candidate's token positions: not the context's last
+    position (the same for every candidate, pulling short candidates together), and including the last token."""
+    lm = tiny_engine.draft_lm
+    seq = torch.tensor([5, 6, 7, 8, 9, 10, 11], dtype=torch.long)
+    c = draft_candidate(lm, seq, 4, 0.0, None, lambda t: False)
+    full = torch.cat([seq, torch.tensor(c.tokens)])
+    with torch.no_grad():
+        states = lm.model(full[None], output_hidden_states=True).hidden_states[-1][0].float()  # [L, D]
+    own = states[-len(c.tokens):].mean(0)
+    producing = states[len(seq) - 1: -1].mean(0)  # what the embedder used to average
+    assert torch.allclose(c.hidden, own, atol=1e-4)
+    assert not torch.allclose(c.hidden, producing, atol=1e-4)
+
+
 class _Rest:
     name = "rest"
 
