@@ -216,7 +216,8 @@ class DecodeConfig:
     mla_lookup_tokens: int = knob(6, "MLA: n-gram candidates checked per draft-model forward (FLy's M).", ge=1,
                                   le=128)
     draft_confidence_threshold: float = knob(0.3, "model drafter, greedy: stop drafting below this top "
-                                             "probability.", ge=0.0, le=1.0)
+                                             "probability (not for fly, which drafts the full K as its official "
+                                             "code does).", ge=0.0, le=1.0)
     # cost-aware draft length (loosespec.decode.draftlen): each round drafts 0..K tokens, as far as it pays;
     # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
     adaptive_draft_length: bool = knob(

@@ -22,6 +22,9 @@ class Method:
     lossy: bool
     counters: tuple[str, ...] = ()  # the rule's per-round counters (Stats.events), summed and exported
     step_level: bool = False  # drafts whole steps (SpecGuard), its token-level rounds use make_rule's rule
+    # the rule's deferral boundary assumes drafts of the full K, as the official FLy code drafts: the model
+    # drafter's confidence stop is off for it (a draft cut short would shrink the boundary every round)
+    full_drafts: bool = False
 
     def make_rule(self, cfg, sampling, generator):
         """The rule verifying this method's rounds (for a step-level method: its target steps' rounds)."""
@@ -43,7 +46,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            lossy=False),
     Method("fly", "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
            "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
-           lossy=True, counters=FLY_COUNTERS),
+           lossy=True, counters=FLY_COUNTERS, full_drafts=True),
     Method("specguard", "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
            "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
            "from the target's", lossy=True, counters=FLY_COUNTERS, step_level=True),

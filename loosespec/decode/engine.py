@@ -280,8 +280,9 @@ class Engine:
         elif cfg.drafter == "ngram":
             drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
         elif cfg.drafter == "model":
-            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(),
-                                   cfg.draft_confidence_threshold)
+            # FLy drafts the full K, as its official code: no confidence stop (methods.Method.full_drafts)
+            threshold = 0.0 if METHODS[cfg.method].full_drafts else cfg.draft_confidence_threshold
+            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), threshold)
         else:
             drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), max_ngram=4,
                                  lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)

@@ -67,3 +67,23 @@ def test_cli_fly_json(tiny_dir):
     out = json.loads(p.stdout)
     assert out["config"]["lossy"] is True and out["config"]["fly_window_size"] == 4
     assert "fly_deferred" in out["stats"] and "fly_hard_rejects" in out["stats"]
+
+
+def test_fly_model_drafts_the_full_k_without_the_confidence_stop(tiny_engine):
+    """The official FLy code always drafts K and applies j <= K - W - 1 to that; a draft stopped early by the
+    model drafter's confidence threshold would shrink the boundary every round. FLy turns that stop off."""
+    from loosespec.config import DecodeConfig
+
+    fly = DecodeConfig.create("fly", "model", has_draft_model=True, adaptive_draft_length=False,
+                              draft_confidence_threshold=0.99)
+    exact = DecodeConfig.create("exact", "model", has_draft_model=True, adaptive_draft_length=False,
+                                draft_confidence_threshold=0.99)
+    assert tiny_engine.build(fly)[0].confidence_threshold == 0.0
+    assert tiny_engine.build(exact)[0].confidence_threshold == 0.99
+    r = tiny_engine.generate("Once upon a time", DecodeConfig.create("fly", "model", has_draft_model=True,
+                                                                      adaptive_draft_length=False,
+                                                                      draft_confidence_threshold=0.99,
+                                                                      max_new_tokens=40), raw=True)
+    # every round drafted what it asked for: K, or the budget's rest near the end (k = min(K, left - 1))
+    assert all(drafted == choice for drafted, _, _, choice in r.stats.round_records), r.stats.round_records
+    assert max(r.stats.draft_lengths) == fly.num_draft_tokens
