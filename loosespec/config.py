@@ -33,6 +33,7 @@ FLY_SAMPLING = ("two-sample", "rejection")
 SG_EMBEDDERS = ("draft", "sentence-transformer")
 SG_ON_REJECT = ("draft-assisted", "regenerate")
 SG_VERIFY = ("exact", "fly")
+SG_CONFIDENCE = ("min", "mean")
 # SpecGuard's tau: the papers publish none. `make calibrate-specguard CAL_N=4 SG_BENCH_TOKENS=256` (loosespec
 # calibrate on the first 4 GSM8K problems, default pair, bf16) proposed it: it accepts the share of
 # steps the target wrote exactly as the draft did (4 of 17); ROC AUC of the score for that agreement
@@ -240,6 +241,9 @@ class DecodeConfig:
                                  "always greedy).", lossy="SpecGuard", gt=0.0, le=100.0)
     sg_beta: float = knob(0.3, "score = beta * confidence + (1 - beta) * grounding.", lossy="SpecGuard", ge=0.0,
                           le=1.0)
+    sg_confidence: str = knob("min", "confidence C of a step from its tokens' draft log-probs: min (exp of the "
+                              "weakest token's, the default, which tau was calibrated with) | mean (exp of the mean, "
+                              "the seed's description).", lossy="SpecGuard", choices=SG_CONFIDENCE)
     sg_tau: float = knob(DEFAULT_SG_TAU, "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
                          "default calibrated on GSM8K, see README).", lossy="SpecGuard", ge=0.0)
     sg_delimiter: str = knob("\n\n", "text that ends a step; backslash escapes such as \\n are interpreted.",

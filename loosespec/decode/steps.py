@@ -194,7 +194,7 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         best = cands[medoid(embed(cands, [side.detokenize(c.tokens) for c in cands]))]
         # 3. its scores
         g = grounding(draft, dseq, best.tokens)
-        c = step_confidence(best.logprobs)
+        c = step_confidence(best.logprobs, cfg.sg_confidence)
         s = step_score(c, g, cfg.sg_beta)
         step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
         record = {"tokens": len(step), "grounding": g, "confidence": c, "score": s,

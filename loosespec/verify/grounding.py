@@ -91,8 +91,17 @@ def grounding_from_step_rows(step_attentions: Sequence[torch.Tensor], step_start
     return float(v.min())
 
 
-def step_confidence(logprobs: torch.Tensor) -> float:
-    """exp(min token log-prob) of a step: [S] log-probs under the draft -> (0, 1]."""
+def step_confidence(logprobs: torch.Tensor, reduce: str = "min") -> float:
+    """A step's confidence from its [S] token log-probs under the draft -> (0, 1].
+
+    ``"mean"``: exp(mean log-prob), the seed's description (the geometric mean of the tokens'
+    probabilities); ``"min"``: exp(min log-prob), the weakest token (a choice where the paper is
+    silent about aggregation, stricter on long steps).
+    """
+    if reduce == "mean":
+        return math.exp(float(logprobs.mean()))
+    if reduce != "min":
+        raise ValueError(f"reduce must be 'min' or 'mean', got {reduce!r}")
     return math.exp(float(logprobs.min()))
 
 

@@ -70,6 +70,8 @@ def test_medoid_picks_the_most_consistent_candidate():
 def test_scores_and_acceptance_on_synthetic_values():
     c = step_confidence(torch.tensor([-0.1, -0.5, -0.2]))
     assert c == pytest.approx(0.60653, abs=1e-5)
+    # the seed's variant: exp of the mean log-prob, exp(-0.8 / 3)
+    assert step_confidence(torch.tensor([-0.1, -0.5, -0.2]), "mean") == pytest.approx(0.76593, abs=1e-5)
     s = step_score(c, 0.8, beta=0.3)
     assert s == pytest.approx(0.3 * 0.60653 + 0.7 * 0.8, abs=1e-5)  # 0.742
     assert accept_step(s, 0.7) and not accept_step(s, 0.75)
@@ -170,6 +172,14 @@ def test_specguard_needs_a_draft_model(smol_engine):
 QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
             "How many clips did Natalia sell altogether in April and May?")
 SG = dict(max_new_tokens=40, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
+
+
+def test_confidence_variant_is_a_knob_the_step_loop_uses(smol_engine):
+    cfgs = {v: DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_confidence=v, **SG) for v in ("min", "mean")}
+    recs = {v: smol_engine.generate(QUESTION, c).stats.steps for v, c in cfgs.items()}
+    assert [r["grounding"] for r in recs["min"]] == [r["grounding"] for r in recs["mean"]]  # same steps (tau 0)
+    assert all(m["confidence"] <= a["confidence"] + 1e-9 for m, a in zip(recs["min"], recs["mean"]))
+    assert any(m["confidence"] < a["confidence"] for m, a in zip(recs["min"], recs["mean"]))
 
 
 def test_tau_zero_accepts_every_draft_step(smol_engine):
