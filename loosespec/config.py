@@ -234,7 +234,8 @@ class DecodeConfig:
     fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (of the full softmax, not "
                                   "renormalised, as the official code).", lossy="FLy", vllm=True, ge=1, le=1024)
     fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
-                             "rejection (loose rule on rejection sampling).", lossy="FLy", choices=FLY_SAMPLING)
+                             "rejection (loose rule on rejection sampling).", lossy="FLy", vllm=True,
+                             choices=FLY_SAMPLING)
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
     sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
     sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "

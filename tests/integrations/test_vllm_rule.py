@@ -120,7 +120,7 @@ def test_sampled_rows_match_the_engine_rule_with_the_same_draws():
         bonus = torch.tensor([[int(want.tokens[-1])], [int(want.tokens[-1])], [3]])
         gens = {0: torch.Generator().manual_seed(seed), 1: torch.Generator().manual_seed(seed)}
         out, _ = fly_rejection_sample(draft_ids, num, k, cu, probs, target, bonus,
-                                      torch.tensor([False, False, True]), FlySettings(fly_window_size=3),
+                                      torch.tensor([False, False, True]), FlySettings(fly_window_size=3, fly_sampling="rejection"),
                                       generators=gens)
         assert row(out, 0) == want.tokens.tolist() == row(out, 1)
         assert row(out, 2) == [1, 2, 3]
@@ -132,7 +132,7 @@ def test_sampled_rows_use_the_draws_vllm_passes():
     z = torch.zeros(k, V)  # p uniform: p(d) = 1/12
     z_full = torch.cat([z, torch.zeros(1, V)])
     draft_ids, num, cu, target, bonus = batch([(d.tolist(), z_full)])
-    gate_closed = FlySettings(fly_entropy_threshold=math.inf)
+    gate_closed = FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection")
     low = torch.full((k,), 0.01)  # u < p(d)/q(d) = 1/12 everywhere (n-gram: q one-hot)
     out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed,
                                   uniform_probs=low)
@@ -230,7 +230,7 @@ def test_v2_sampled_requests_read_their_own_draft_logits():
     draft_logits[0] = torch.zeros(k, V)
     draft_logits[0, :, 5] = 30.0  # request B's drafter is sure of a token the target excludes
     processed = b["target_logits"] / temp
-    gate_closed = FlySettings(fly_entropy_threshold=math.inf)
+    gate_closed = FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection")
     for seed in range(5):
         b["seed"] = torch.full((6,), seed)
         sampled, num, _ = verify_v2(b, gate_closed, k=k, draft_logits=draft_logits, processed=processed)
@@ -356,7 +356,8 @@ def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
     q = torch.full((2, V), 1.0 / V)
     for seed in range(5):
         out, _ = fly_rejection_sample(draft_ids, num, 2, cu, q, processed[:2], bonus, torch.tensor([False]),
-                                      FlySettings(fly_entropy_threshold=math.inf), raw_logits=raw[:2],
+                                      FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection"),
+                                      raw_logits=raw[:2],
                                       generators={0: torch.Generator().manual_seed(seed)})
         assert row(out, 0) == [7]  # rejected (p(2) ~ 0 under the raw row), corrected from the raw row's mass
     b = v2_batch([(d, raw)], [0], temperature=1.0)
@@ -364,3 +365,41 @@ def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
                                                b["cu_num_logits"], b["pos"], b["idx_mapping"], b["temperature"],
                                                b["seed"], 2, FlySettings())
     assert int(num2[0]) >= 1  # the last (bonus) row is the emptied one here: drawn from its raw row
+
+
+def test_two_sample_variant_is_the_plugins_default_as_the_engines():
+    """Same knob, same default: sampled requests match a draft token against two target draws (the official
+    code's variant) and correct with the first draw, in the plugin as in the engine's FlyRule."""
+    from loosespec.config import knob_default
+
+    assert FlySettings().fly_sampling == knob_default("fly_sampling") == "two-sample"
+    k = 4
+    z = torch.full((k + 1, V), -30.0)
+    z[:, 3] = 0.0  # the target puts all its mass on token 3 at every position
+    settings = FlySettings(fly_entropy_threshold=math.inf)  # gate closed: only matches are kept
+    # a draft of 3s: both draws are 3, everything kept; the bonus is vLLM's
+    draft_ids, num, cu, target, bonus = batch([([3, 3, 3, 3], z)])
+    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), settings,
+                                  generators={0: torch.Generator().manual_seed(0)})
+    assert row(out, 0) == [3, 3, 3, 3, int(bonus[0, 0])]
+    # a draft token the target never draws is rejected and corrected with the first draw (3)
+    draft_ids, num, cu, target, bonus = batch([([3, 7, 3, 3], z)])
+    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), settings,
+                                  generators={0: torch.Generator().manual_seed(0)})
+    assert row(out, 0) == [3, 3]
+    # the correction is the first of the two draws, drawn from the request's own generator
+    torch.manual_seed(1)
+    zz = torch.randn(k + 1, V)
+    p = torch.softmax(zz, -1)
+    d = p[:k].argmax(-1)
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        first = torch.multinomial(p[:k], 1, generator=g).squeeze(-1)
+        draft_ids, num, cu, target, bonus = batch([(d.tolist(), zz)])
+        out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]),
+                                      FlySettings(fly_window_size=2),
+                                      generators={0: torch.Generator().manual_seed(seed)})
+        r = row(out, 0)
+        n = len(r) - 1
+        if n < k:  # a correction: the first of the two draws at that position
+            assert r[n] == int(first[n])

@@ -38,6 +38,7 @@ from loosespec.methods import FLY_COUNTERS
 from loosespec.verify.exact import first_false
 from loosespec.verify.fly import fly_accept
 from loosespec.verify.rejection import native_accept, next_token
+from loosespec.verify.sampling import sample
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID
 ENV_PREFIX = "LOOSESPEC_"
@@ -150,8 +151,12 @@ def fly_rejection_sample(
             probs = _target_probs(target_logits[start:end], raw[start:end])
             q = draft_probs[start:end].float() if draft_probs is not None else None
             gen = generators.get(i)
-            u = uniform_probs[start:end] if uniform_probs is not None else None
-            match = native_accept(draft, q, probs, gen, uniform=u)
+            if settings.fly_sampling == "two-sample":  # the official code's match: either of two target draws
+                first, second = sample(probs, gen), sample(probs, gen)  # [k] each
+                match = (draft == first) | (draft == second)
+            else:
+                u = uniform_probs[start:end] if uniform_probs is not None else None
+                match = native_accept(draft, q, probs, gen, uniform=u)
         accept, events = fly_accept(match, raw[start:end], settings.fly_entropy_threshold,
                                     settings.fly_window_size, settings.fly_entropy_top_k)
         n = first_false(accept)
@@ -159,6 +164,8 @@ def fly_rejection_sample(
             nxt = bonus
         elif greedy_rows[i]:
             nxt = target[n: n + 1]
+        elif settings.fly_sampling == "two-sample":
+            nxt = first[n: n + 1]  # the correction is the first draw, as in the engine's two-sample rule
         else:
             nxt = next_token(n, draft, q, probs, gen)
         out[i, :n] = draft[:n].to(torch.int32)
