@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # FLy's per-round counters (loosespec.verify.fly.fly_events), per draft position seen by the rule
-FLY_COUNTERS = ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 - ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one;
   the counts behind it are ``num_drafted_per_pos`` and ``num_accepted_tokens_per_pos`` (vLLM's name),
   so rates pool across runs.
-- rule counters (FLy: ``fly_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
+- rule counters (FLy: ``fly_prefix_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
   ``fly_window_rejects``, ``fly_boundary_rejects``) are summed over rounds.
 - SpecGuard (method ``specguard``): ``steps``, ``accepted_steps`` (the draft's step kept),
   ``target_steps`` (written by the target), ``candidates_drafted``, ``step_accept_rate`` and the

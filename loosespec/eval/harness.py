@@ -589,8 +589,11 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     if steps:
         s["step_accept_rate"] = round(sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps"))
                                       / sum(steps), 4)
-    fly = {k: sum(r["stats"].get(k, 0) for r in paired) for k in ("fly_mismatches", "fly_deferred")}
-    if fly["fly_mismatches"]:
+    # fly_prefix_mismatches was fly_mismatches in rows written before 2026-12-01 (renamed: not the paper's count)
+    fly = {"fly_prefix_mismatches": sum(r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0))
+                                        for r in paired),
+           "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired)}
+    if fly["fly_prefix_mismatches"]:
         s.update(fly)
     return s
 

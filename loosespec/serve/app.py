@@ -278,7 +278,7 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
         "draft_forwards": s.draft_forwards,
     }
     d = s.to_dict()
-    for k in ("fly_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects",
+    for k in ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects",
               "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
               "mean_grounding", "mean_confidence", "mean_score"):
         if k in d:

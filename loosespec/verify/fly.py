@@ -125,8 +125,11 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
                accept: torch.Tensor, num_draft_tokens: int | None = None) -> dict[str, int]:
     """Counters for the mismatches the rule actually ruled on (positions up to the first reject).
 
-    ``fly_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
-    mismatch is attributed to the first condition it fails in that order.
+    ``fly_prefix_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
+    mismatch is attributed to the first condition it fails in that order. These are loosespec's own
+    definitions: the official FLy code counts mismatches over all K draft positions before the gate,
+    including those after the first reject, so its rates are not these (hence the ``prefix`` in the
+    name, which was ``fly_mismatches`` in results written before 2026-12-01).
     """
     n = first_false(accept)
     upto = slice(0, min(n + 1, match.shape[0]))
@@ -138,7 +141,7 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     hard = miss & ~gate
     window_rej = miss & gate & ~window
     bound_rej = miss & gate & window & ~bound
-    return {"fly_mismatches": int(miss.sum()), "fly_deferred": int(deferred.sum()),
+    return {"fly_prefix_mismatches": int(miss.sum()), "fly_deferred": int(deferred.sum()),
             "fly_hard_rejects": int(hard.sum()), "fly_window_rejects": int(window_rej.sum()),
             "fly_boundary_rejects": int(bound_rej.sum())}
 

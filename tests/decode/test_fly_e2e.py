@@ -18,7 +18,7 @@ def test_closed_gate_equals_exact_tiny(tiny_engine, drafter):
     fly = tiny_engine.generate(PROMPT, DecodeConfig.create("fly", drafter, fly_entropy_threshold=CLOSED, **kw), raw=True)
     assert fly.token_ids == exact.token_ids
     assert fly.stats.events["fly_deferred"] == 0
-    assert fly.stats.events["fly_mismatches"] == fly.stats.events["fly_hard_rejects"] > 0
+    assert fly.stats.events["fly_prefix_mismatches"] == fly.stats.events["fly_hard_rejects"] > 0
 
 
 def test_loose_rule_accepts_more_tiny(tiny_engine):

@@ -80,7 +80,7 @@ def test_greedy_batch_matches_the_engine_rule_per_request():
         assert row(out, i) == want, i
     assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the deferred mismatch kept, then the bonus
     assert row(out, 1) == [10] and row(out, 2) == [1, 3] and row(out, 3) == [4, 4, 11]
-    assert events["fly_deferred"] == 1 and events["fly_hard_rejects"] == 1 and events["fly_mismatches"] == 2
+    assert events["fly_deferred"] == 1 and events["fly_hard_rejects"] == 1 and events["fly_prefix_mismatches"] == 2
 
 
 def test_gate_closed_is_vllms_exact_greedy_verification():
@@ -211,7 +211,7 @@ def test_v2_placeholder_drafts_are_rejected():
     good, _, _ = verify_v2(v2_batch([([3, 5, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
     assert good[0].tolist() == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # deferred, as in V1
     sampled, num, events = verify_v2(v2_batch([([3, -1, 7, 1, 2, 9, 4, 6, 8], z)], [0]), FlySettings())
-    assert v2_rows(sampled, num) == [[3, 4]] and events["fly_mismatches"] == 0
+    assert v2_rows(sampled, num) == [[3, 4]] and events["fly_prefix_mismatches"] == 0
 
 
 def test_v2_sampled_requests_read_their_own_draft_logits():

@@ -244,7 +244,7 @@ def test_acceptance_chat_stream_fly_with_usage_and_metrics(smol):
     assert metrics["lossy"] is True
     spec = metrics["speculative_decoding"]
     spec_ok(spec, "fly")
-    assert "fly_deferred" in spec and "fly_mismatches" in spec
+    assert "fly_deferred" in spec and "fly_prefix_mismatches" in spec
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens >= 1
     assert spec["num_drafts"] >= 1 and spec["num_rounds"] <= usage.usage.completion_tokens

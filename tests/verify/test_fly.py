@@ -53,7 +53,7 @@ def test_worked_example_end_to_end_rule():
     assert v.num_accepted == 9
     assert v.tokens.tolist() == draft[:9].tolist() + [target[9]]  # 9 kept (40 at 2 included) + target's 10
     assert len(v.tokens) == 10
-    assert v.events == {"fly_mismatches": 2, "fly_deferred": 1, "fly_hard_rejects": 0,
+    assert v.events == {"fly_prefix_mismatches": 2, "fly_deferred": 1, "fly_hard_rejects": 0,
                         "fly_window_rejects": 0, "fly_boundary_rejects": 1}
 
 
