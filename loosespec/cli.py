@@ -34,6 +34,8 @@ _DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (flo
 _QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
                   "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
                   "bfloat16 arithmetic on the CPU")
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding knobs as options: derived from their one declaration (loosespec.config)
 # ---------------------------------------------------------------------------------------------

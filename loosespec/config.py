@@ -76,7 +76,7 @@ class Knob:
     cli: bool = True  # a CLI option of generate and serve
     escapes: bool = False  # on the command line, backslash escapes (\\n) are interpreted
     auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
-    lossy: str | None = None  # the lossy method the knob belongs to ("fly", "specguard"), for the help text
+    lossy: str | None = None  # the lossy method the knob belongs to ("FLy", "SpecGuard"), named in its help text
     check: Any = None  # value -> error text (None: fine), for rules bounds cannot say
     vllm: bool = False  # a setting of the vLLM plugin too (loosespec.integrations.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
 
