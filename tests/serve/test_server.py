@@ -421,7 +421,7 @@ def test_specguard_and_fly_on_the_tiny_pair(tiny):
 
 
 def test_the_harness_reads_a_loosespec_server_as_it_reads_vllm(tiny):
-    """bench's vLLM counter reader (vllm/runner.spec_counters) reads the same counters from `loosespec serve`."""
+    """bench's vLLM counter reader (eval/peers/vllm.spec_counters) reads the same counters from `loosespec serve`."""
     from loosespec.eval.peers.vllm import spec_counters
 
     before = spec_counters(tiny.url)
