@@ -34,6 +34,7 @@ SG_EMBEDDERS = ("draft", "sentence-transformer")
 SG_ON_REJECT = ("draft-assisted", "regenerate")
 SG_VERIFY = ("exact", "fly")
 SG_CONFIDENCE = ("min", "mean")
+SG_SELECT = ("embedding", "attention")
 # SpecGuard's tau: the papers publish none. `make calibrate-specguard CAL_N=4 SG_BENCH_TOKENS=256` (loosespec
 # calibrate on the first 4 GSM8K problems, default pair, bf16) proposed it: it accepts the share of
 # steps the target wrote exactly as the draft did (4 of 17); ROC AUC of the score for that agreement
@@ -242,6 +243,10 @@ class DecodeConfig:
                                  "always greedy).", lossy="SpecGuard", gt=0.0, le=100.0)
     sg_beta: float = knob(0.3, "score = beta * confidence + (1 - beta) * grounding.", lossy="SpecGuard", ge=0.0,
                           le=1.0)
+    sg_select: str = knob("embedding", "how the most consistent candidate is chosen (the medoid by cosine): "
+                          "embedding (of the candidates' text, --sg-embedder) | attention (of where each candidate's "
+                          "tokens attend in the context, the seed's description; one more draft forward per "
+                          "candidate).", lossy="SpecGuard", choices=SG_SELECT)
     sg_confidence: str = knob("min", "confidence C of a step from its tokens' draft log-probs: min (exp of the "
                               "weakest token's, the default, which tau was calibrated with) | mean (exp of the mean, "
                               "the seed's description).", lossy="SpecGuard", choices=SG_CONFIDENCE)

@@ -94,6 +94,20 @@ def eager_attention(model: torch.nn.Module):
         model.set_attn_implementation(before)
 
 
+def attention_profile(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Where a candidate step looks: the draft's attention of the step's tokens over the context (the prompt
+    and the steps accepted so far), averaged over the last ROLLOUT_LAYERS layers, heads and step tokens, and
+    normalised to sum 1. [len(seq)]. One eager-attention draft forward over the candidate (context cached)."""
+    with eager_attention(lm.model):
+        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=len(tokens),
+                         output_attentions=True)
+    ctx = int(seq.shape[0])
+    rows = torch.stack([a[0, :, -len(tokens):, :ctx].float().mean(dim=(0, 1)).cpu()
+                        for a in out.attentions[-ROLLOUT_LAYERS:]])  # [layers, ctx]
+    profile = rows.mean(dim=0)
+    return profile / profile.sum().clamp_min(1e-12)
+
+
 def grounding(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> float:
     """G of a step: one draft forward over it (context cached) with eager attention."""
     with eager_attention(lm.model):
@@ -190,8 +204,12 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         # 1. k candidates from the draft, the first greedy
         cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
                  for i in range(cfg.sg_candidates)]
-        # 2. the most consistent one
-        best = cands[medoid(embed(cands, [side.detokenize(c.tokens) for c in cands]))]
+        # 2. the most consistent one: by what the candidates say (embeddings) or where they look (attention)
+        if cfg.sg_select == "attention" and len(cands) > 2:
+            vectors = torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands])
+        else:
+            vectors = embed(cands, [side.detokenize(c.tokens) for c in cands])
+        best = cands[medoid(vectors)]
         # 3. its scores
         g = grounding(draft, dseq, best.tokens)
         c = step_confidence(best.logprobs, cfg.sg_confidence)

@@ -258,3 +258,26 @@ def test_sentence_transformer_in_the_step_loop(smol_engine):
     r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_embedder="sentence-transformer",
                                                            sg_candidates=3, **SG))
     assert r.stats.to_dict()["accepted_steps"] >= 2 and r.config["sg_embedder"] == "sentence-transformer"
+
+
+def test_attention_selection_picks_the_candidate_looking_where_the_others_look(tiny_engine, monkeypatch):
+    """--sg-select attention (the seed's consistency): each candidate's attention profile over the context, and
+    the medoid of those; the profile is a distribution over the context positions."""
+    from loosespec.decode.steps import attention_profile
+
+    lm = tiny_engine.draft_lm
+    seq = torch.tensor([5, 6, 7, 8, 9, 10, 11], dtype=torch.long)
+    p = attention_profile(lm, seq, [12, 13, 14])
+    assert p.shape == (7,) and torch.isclose(p.sum(), torch.tensor(1.0)) and (p >= 0).all()
+    from loosespec.decode import steps
+
+    calls = []
+    real = steps.attention_profile
+    monkeypatch.setattr(steps, "attention_profile", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(steps.DraftEmbedder, "__call__", lambda *a: pytest.fail("the embedder must not run"))
+    r = tiny_engine.generate("def f(x):\n", DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_select="attention",
+                                                                 max_new_tokens=24, sg_delimiter="\n",
+                                                                 sg_max_step_tokens=8, has_draft_model=True),
+                             raw=True)
+    assert r.stats.steps and r.stats.candidates_drafted == 4 * len(r.stats.steps)
+    assert len(calls) == 4 * len(r.stats.steps)  # one profile per candidate, every step
