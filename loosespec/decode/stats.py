@@ -43,7 +43,6 @@ STEP = "step"  # the round record of an accepted SpecGuard step
 class Stats:
     new_tokens: int = 0
     rounds: int = 0
-    drafts: int = 0  # rounds that drafted at least one token (vLLM's num_drafts); an accepted SpecGuard step is one
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     target_forwards: int = 0
@@ -56,10 +55,10 @@ class Stats:
     events: dict[str, int] = field(default_factory=dict)  # a rule's own counters (FLy), summed
     steps: list[dict] = field(default_factory=list)  # SpecGuard: one record per step
     candidates_drafted: int = 0
-    round_lengths: list[int] = field(default_factory=list)  # tokens emitted by each round, in order
     draft_lengths: dict[int, int] = field(default_factory=dict)  # chosen draft length -> rounds
     precision: str | None = None
-    # per round, in order: (drafted, accepted, emitted, chosen draft length or None), what uncommit() takes back
+    # per round, in order: (drafted, accepted, emitted, chosen draft length | None | STEP); round_lengths and
+    # drafts derive from it, and uncommit() edits it
     round_records: list[tuple] = field(default_factory=list, repr=False)
     _choice: int | None = field(default=None, repr=False)
 
@@ -67,11 +66,9 @@ class Stats:
         self.rounds += 1
         for name, count in (events or {}).items():
             self.events[name] = self.events.get(name, 0) + count
-        self.drafts += drafted > 0
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.new_tokens += emitted
-        self.round_lengths.append(emitted)
         self.round_records.append((drafted, accepted, emitted, self._choice))
         self._choice = None
         if drafted > len(self.drafted_at):
@@ -97,9 +94,7 @@ class Stats:
             keep = emitted - n
             if keep <= 0:
                 self.round_records.pop()
-                self.round_lengths.pop()
                 self.rounds -= 1
-                self.drafts -= drafted > 0
                 self.drafted_tokens -= drafted
                 self.accepted_tokens -= accepted
                 self.new_tokens -= emitted
@@ -120,7 +115,6 @@ class Stats:
                         self.accepted_at[i] -= 1
                 self.accepted_tokens -= accepted - kept
                 self.new_tokens -= n
-                self.round_lengths[-1] = keep
                 self.round_records[-1] = (drafted, kept, keep, choice)
                 n = 0
 
@@ -130,12 +124,20 @@ class Stats:
         self.candidates_drafted += candidates
         if record["accepted"]:
             self.rounds += 1
-            self.drafts += 1
             self.drafted_tokens += record["tokens"]
             self.accepted_tokens += record["tokens"]
             self.new_tokens += record["tokens"]
-            self.round_lengths.append(record["tokens"])
             self.round_records.append((record["tokens"], record["tokens"], record["tokens"], STEP))
+
+    @property
+    def round_lengths(self) -> list[int]:
+        """Tokens emitted by each round, in order (Spec-Bench's ``accept_lengths``)."""
+        return [r[2] for r in self.round_records]
+
+    @property
+    def drafts(self) -> int:
+        """Rounds that drafted at least one token (vLLM's ``num_drafts``); an accepted SpecGuard step is one."""
+        return sum(1 for r in self.round_records if r[0] > 0)
 
     def step_summary(self) -> dict:
         if not self.steps:

@@ -134,15 +134,10 @@ class SandboxResult:
 # ----------------------------------------------------------------------------------- child bootstrap
 # Runs as ``python -I -B -c <loosespec/eval/sandbox_boot.py> <json config>`` inside the sandbox.
 
-_BOOT_TEXT: str | None = None  # loosespec/eval/sandbox_boot.py, read once
-
-
+@functools.cache
 def _boot_source() -> str:
-    """The child's bootstrap: the text of :mod:`loosespec.eval.sandbox_boot`, passed with ``python -c``."""
-    global _BOOT_TEXT
-    if _BOOT_TEXT is None:
-        _BOOT_TEXT = (Path(__file__).with_name("sandbox_boot.py")).read_text(encoding="utf-8")
-    return _BOOT_TEXT
+    """The child's bootstrap: the text of :mod:`loosespec.eval.sandbox_boot` (read once), passed with ``python -c``."""
+    return Path(__file__).with_name("sandbox_boot.py").read_text(encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------- probing

@@ -194,3 +194,12 @@ def test_theta_in_the_official_codes_off_range_is_refused(theta):
         FlySettings(fly_entropy_threshold=theta)
     assert DecodeConfig.create("fly", fly_entropy_threshold=0.0).fly_entropy_threshold == 0.0
     assert DecodeConfig.create("fly", fly_entropy_threshold=0.0101).fly_entropy_threshold == 0.0101
+
+
+def test_the_registry_names_the_counters_the_rule_emits():
+    """methods.FLY_COUNTERS (what the server and the vLLM plugin export) is the rule's own set of counter names."""
+    from loosespec.methods import FLY_COUNTERS
+    from loosespec.verify.fly import fly_accept
+
+    _, events = fly_accept(torch.tensor([True, False, True]), torch.randn(3, 7), 0.3, 2)
+    assert set(events) == set(FLY_COUNTERS)
