@@ -6,6 +6,7 @@ three times (each start compiles the model: minutes on a CPU)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import textwrap
@@ -52,7 +53,19 @@ def test_fly_with_the_gate_closed_is_exact_and_fly_accepts_more(setup):
     exact = run("vllm-draft", settings, prompts, log)
     closed = run("vllm-fly", dataclasses.replace(settings, fly_entropy_threshold=float("inf")), prompts, log)
     assert [t for t, _ in closed] == [t for t, _ in exact]  # FLy that never loosens = vLLM's greedy verification
-    fly = run("vllm-fly", settings, prompts, log)
+    stats = log.parent / "fly-stats"
+    stats.mkdir(exist_ok=True)
+    os.environ["LOOSESPEC_FLY_STATS_FILE"] = str(stats / "fly-{pid}.json")  # each vLLM process writes its own
+    try:
+        fly = run("vllm-fly", settings, prompts, log)
+    finally:
+        del os.environ["LOOSESPEC_FLY_STATS_FILE"]
+    counts = [json.loads(f.read_text()) for f in stats.glob("fly-*.json")]
+    deferred = sum(c.get("fly_deferred", 0) for c in counts)
+    print(f"FLy counters: {counts}")
+    # FLy ruled the steps (the wrapped sampler ran: no graphed or other path bypassed it) and loosened at least once
+    assert sum(c.get("steps", 0) for c in counts) > 0, f"the plugin's rule never ran (no counters in {stats})"
+    assert deferred >= 1, counts
 
     def tau(outs):
         drafts = sum(d["drafts"] for _, d in outs)

@@ -302,8 +302,9 @@ def fake_vllm_v2(fake_vllm, monkeypatch):
             self.sampler, self.num_speculative_steps = sampler, k
             self.synthetic_conditional_rates, self.use_block_verification, self.watermark_key = None, False, None
 
-        def _verify(self, *args):
-            return "vllm's own"
+        def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
+                    expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
+            return "vllm's own"  # vLLM 0.32.0's parameters (another release has 10: Verify10 below)
 
     mod.RejectionSampler = RejectionSampler
     for name in ("vllm.v1.worker", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.spec_decode"):
@@ -403,3 +404,163 @@ def test_two_sample_variant_is_the_plugins_default_as_the_engines():
         n = len(r) - 1
         if n < k:  # a correction: the first of the two draws at that position
             assert r[n] == int(first[n])
+
+
+def _v2_module(monkeypatch, sampler_cls):
+    mod = types.ModuleType("vllm.v1.worker.gpu.spec_decode.rejection_sampler")
+    mod.RejectionSampler = sampler_cls
+    for name in ("vllm.v1.worker", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.spec_decode"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    sys.modules["vllm.v1.worker.gpu.spec_decode"].rejection_sampler = mod
+    return mod
+
+
+class _V2Base:
+    """What the wrapper reads of a V2 RejectionSampler instance (vLLM's constructor sets these)."""
+
+    def __init__(self, sampler, k):
+        self.sampler, self.num_speculative_steps = sampler, k
+        self.synthetic_conditional_rates, self.use_block_verification, self.watermark_key = None, False, None
+
+    def __call__(self, logits, b):  # as vLLM's: draft_sampled and pos from the batch, then _verify_in_chunks
+        return self._verify_in_chunks(logits, b)
+
+
+class Verify10(_V2Base):
+    """A vLLM release whose _verify takes 10 parameters (no verify_draft_sampled)."""
+
+    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
+                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np):
+        raise AssertionError("vLLM's own _verify ran")
+
+    def _verify_in_chunks(self, logits, b):
+        return self._verify(logits, None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
+                            b["idx_mapping"].numpy(), None, None, None)
+
+
+class Verify11(Verify10):
+    """Another release: 11 parameters, the tokens to verify in ``verify_draft_sampled``, passed by keyword."""
+
+    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
+                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
+        raise AssertionError("vLLM's own _verify ran")
+
+    def _verify_in_chunks(self, logits, b):
+        return self._verify(logits=logits, draft_logits=None, draft_sampled=torch.zeros_like(b["draft_sampled"]),
+                            pos=b["pos"], cu_num_logits=b["cu_num_logits"], idx_mapping=b["idx_mapping"],
+                            idx_mapping_np=None, expanded_idx_mapping=None, expanded_local_pos=None,
+                            seq_lens_upper_bound_np=None, verify_draft_sampled=b["draft_sampled"])
+
+
+class GraphedCall(Verify10):
+    """A release whose __call__ runs a CUDA-graphed sampler and never reaches _verify."""
+
+    def __call__(self, logits, b):
+        return self._run_cuda_graph(logits, b)
+
+    def _run_cuda_graph(self, logits, b):
+        return "vllm's own"
+
+
+class SometimesGraphed(Verify10):
+    """The graphed path chosen at run time: refused at the first step that takes it."""
+
+    use_graph = False
+
+    def __call__(self, logits, b):
+        return self._replay(logits) if self.use_graph else self._verify_in_chunks(logits, b)
+
+    def _replay(self, logits):
+        return "vllm's own"
+
+
+def _v2_sampler(b, cls, apply=None):
+    states = types.SimpleNamespace(temperature=types.SimpleNamespace(gpu=b["temperature"]),
+                                   seeds=types.SimpleNamespace(gpu=b["seed"]))
+
+    def apply_sampling_params(logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+                              skip_top_k_top_p=False):  # another release's names: input_ids for draft_sampled
+        assert torch.equal(input_ids, torch.zeros_like(input_ids)) or input_ids.shape == pos.shape
+        return logits
+
+    sampler = types.SimpleNamespace(apply_sampling_params=apply or apply_sampling_params, sampling_states=states)
+    return cls(sampler, 9)
+
+
+@pytest.mark.parametrize("cls", [Verify10, Verify11])
+def test_plugin_binds_v2_arguments_by_name(fake_vllm, monkeypatch, tmp_path, cls):
+    """vLLM releases differ in _verify's parameters (10 or 11) and in apply_sampling_params' names; the wrapper
+    binds both by name, so FLy rules either (and FLy defers the uncertain mismatch of request 0)."""
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_FLY_STATS_FILE", str(tmp_path / "fly.json"))
+    mod = _v2_module(monkeypatch, type(cls.__name__, (cls,), {}))  # a fresh class: patching stays per test
+    plugin.register()
+    reqs = make_requests()
+    b = v2_batch(reqs, states=[1, 0, 3, 2])
+    rs = _v2_sampler(b, mod.RejectionSampler)
+    processed, sampled, num = rs(b["target_logits"], b)
+    assert v2_rows(sampled, num)[0] == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]
+    v1, _ = verify(reqs, FlySettings())
+    assert v2_rows(sampled, num) == [row(v1, i) for i in range(4)]
+    import json
+
+    counts = json.loads((tmp_path / "fly.json").read_text())
+    assert counts["fly_deferred"] == 1 and counts["drafted_tokens"] == 14
+
+
+def test_plugin_refuses_a_sampler_apply_it_cannot_feed(fake_vllm, monkeypatch):
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    mod = _v2_module(monkeypatch, type("V", (Verify10,), {}))
+    plugin.register()
+    b = v2_batch(make_requests(), states=[1, 0, 3, 2])
+    rs = _v2_sampler(b, mod.RejectionSampler, apply=lambda logits, unheard_of: logits)
+    with pytest.raises(plugin.V2Unsupported, match="unheard_of"):
+        rs(b["target_logits"], b)
+
+
+def test_plugin_refuses_a_graphed_v2_sampler_at_register(fake_vllm, monkeypatch):
+    """A __call__ that never reaches _verify (a CUDA-graphed fast path) would turn FLy off silently: register()
+    refuses it, naming the path."""
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    _v2_module(monkeypatch, type("G", (GraphedCall,), {}))
+    with pytest.raises(plugin.V2Unsupported, match="never calls _verify.*_run_cuda_graph"):
+        plugin.register()
+
+
+def test_plugin_refuses_a_step_that_bypasses_verify(fake_vllm, monkeypatch):
+    """A graphed path taken only at run time: the first step that bypasses _verify raises instead of serving
+    vLLM's own verification under FLy's name."""
+    from loosespec.integrations.vllm import plugin
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    mod = _v2_module(monkeypatch, type("S", (SometimesGraphed,), {}))
+    plugin.register()
+    b = v2_batch(make_requests(), states=[1, 0, 3, 2])
+    rs = _v2_sampler(b, mod.RejectionSampler)
+    rs(b["target_logits"], b)  # through _verify: fine
+    rs.use_graph = True
+    with pytest.raises(plugin.V2Unsupported, match="without calling _verify"):
+        rs(b["target_logits"], b)
+
+
+def test_plugin_refuses_a_verify_without_the_names_it_reads(fake_vllm, monkeypatch):
+    from loosespec.integrations.vllm import plugin
+
+    class Renamed(_V2Base):
+        def _verify(self, target_logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping):
+            pass
+
+        def __call__(self, logits, b):
+            return self._verify(logits, None, None, None, None, None)
+
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    _v2_module(monkeypatch, Renamed)
+    with pytest.raises(plugin.V2Unsupported, match=r"lacks \['logits'\]"):
+        plugin.register()

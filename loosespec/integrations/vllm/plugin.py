@@ -11,12 +11,18 @@ variable the plugin does nothing, so installing loosespec into a vLLM environmen
 On GPUs vLLM's default V2 model runner (``vllm/v1/worker/gpu/spec_decode``) verifies with its own
 fused kernel and another layout; the plugin wraps its ``RejectionSampler._verify`` (which holds the raw
 logits before processing) and rules through :func:`loosespec.integrations.vllm.rule.fly_rejection_sample_v2`, a
-re-layout onto the same function. That path is tested on hand-built V2-shaped tensors and against the
-installed class's signature, not on a GPU (none was available to this project).
+re-layout onto the same function. ``_verify``'s arguments are bound by name, so vLLM releases whose
+``_verify`` takes 10 or 11 parameters both work; a sampler whose ``__call__`` never reaches ``_verify`` (a
+CUDA-graphed fast path) is refused by :func:`register`, and a step that bypasses it at run time raises. That
+path is tested on hand-built V2-shaped tensors and against the installed class's signature, not on a GPU
+(none was available to this project).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import inspect
 import json
 import logging
 import os
@@ -39,12 +45,14 @@ class FlyCounters:
         self.values = dict.fromkeys(("steps", "requests", "drafted_tokens", "accepted_tokens", *COUNTERS), 0)
         self.path = path.replace("{pid}", str(os.getpid())) if path else None
         self._last_write = 0.0
+        if self.path:  # the last steps' counts too, when the process ends normally
+            atexit.register(self.write)
 
     def add(self, out: torch.Tensor, num_draft_tokens, events: dict[str, int]) -> None:
         v = self.values
         v["steps"] += 1
         v["requests"] += len(num_draft_tokens)
-        v["drafted_tokens"] += int(sum(num_draft_tokens))
+        v["drafted_tokens"] += int(num_draft_tokens.sum() if torch.is_tensor(num_draft_tokens) else sum(num_draft_tokens))
         v["accepted_tokens"] += int(((out >= 0).sum(-1) - 1).clamp(min=0).sum())
         for name, n in events.items():
             v[name] += n
@@ -102,10 +110,94 @@ def register() -> None:
                 settings.fly_window_size, settings.fly_entropy_threshold, settings.fly_entropy_top_k)
 
 
+# what the wrapper reads from vLLM's V2 ``RejectionSampler._verify``, by parameter name (its positional order and
+# count differ between vLLM releases: 10 parameters in some, 11 with ``verify_draft_sampled`` in others)
+V2_VERIFY_REQUIRED = ("logits", "draft_sampled", "pos", "cu_num_logits", "idx_mapping")
+# a name ``Sampler.apply_sampling_params`` may use for a value ``_verify`` holds under another name
+V2_ALIASES = {"input_ids": "draft_sampled"}
+
+
+class V2Unsupported(RuntimeError):
+    """vLLM's V2 rejection sampler has a shape this plugin cannot wrap without turning FLy off silently."""
+
+
+def _code_names(code) -> set[str]:
+    """Global and attribute names a code object uses, nested functions and comprehensions included."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            out |= _code_names(c)
+    return out
+
+
+def _reachable_names(cls, start: str, depth: int = 4) -> set[str]:
+    """Names the method ``start`` of ``cls`` uses, following the class's own methods ``depth`` calls deep (what
+    ``self.<name>(...)`` can reach, read from the code objects: nothing is run)."""
+    names: set[str] = set()
+    visited: set[str] = set()
+    frontier = [start]
+    for _ in range(depth + 1):
+        following = []
+        for m in frontier:
+            if m in visited:
+                continue
+            visited.add(m)
+            fn = inspect.getattr_static(cls, m, None)
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if code is None:
+                continue
+            for n in _code_names(code):
+                names.add(n)
+                following.append(n)
+        frontier = following
+    return names
+
+
+def check_v2_sampler(sampler_cls) -> inspect.Signature:
+    """Refuse (:class:`V2Unsupported`) a V2 ``RejectionSampler`` the wrapper cannot serve: a ``_verify`` without
+    the parameters it reads by name, or a ``__call__`` that never reaches ``_verify`` (a CUDA-graphed fast path
+    that would verify with vLLM's own kernel and leave FLy off without a word). Returns ``_verify``'s signature."""
+    sig = inspect.signature(sampler_cls._verify)
+    missing = [n for n in V2_VERIFY_REQUIRED if n not in sig.parameters]
+    if missing:
+        raise V2Unsupported(f"loosespec FLy: this vLLM's V2 RejectionSampler._verify{sig} lacks {missing}; the "
+                            "plugin reads its arguments by these names and cannot verify with FLy here")
+    if any("__call__" in vars(b) for b in sampler_cls.__mro__[:-1]):
+        reach = _reachable_names(sampler_cls, "__call__")
+        if "_verify" not in reach:
+            graphed = sorted(n for n in reach if "graph" in n.lower())
+            raise V2Unsupported(
+                "loosespec FLy: this vLLM's V2 RejectionSampler.__call__ never calls _verify"
+                + (f" (it goes through {', '.join(graphed)}: a CUDA-graphed sampler)" if graphed else "")
+                + "; FLy would be silently off. Use a vLLM whose V2 sampler verifies through _verify, disable its "
+                "graphed sampler, or unset LOOSESPEC_REJECTION_SAMPLE_METHOD")
+    return sig
+
+
+def _call_by_name(fn, values: dict):
+    """``fn`` with each of its parameters taken from ``values`` by name (or an alias in :data:`V2_ALIASES`);
+    parameters with defaults that ``values`` lacks keep their defaults."""
+    kwargs = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        key = p.name if p.name in values else V2_ALIASES.get(p.name)
+        if key in values:
+            kwargs[p.name] = values[key]
+        elif p.default is p.empty:
+            raise V2Unsupported(f"loosespec FLy: {getattr(fn, '__qualname__', fn)}{inspect.signature(fn)} needs "
+                                f"'{p.name}', which this vLLM's _verify does not pass")
+    return fn(**kwargs)
+
+
 def _patch_v2_runner(settings: FlySettings, counters: FlyCounters) -> None:
     """FLy in the V2 model runner (vLLM's default on GPUs): wrap ``RejectionSampler._verify``, which holds
     the raw logits (FLy's gate reads them) before ``apply_sampling_params`` processes them, and rule through
-    :func:`loosespec.integrations.vllm.rule.fly_rejection_sample_v2` instead of the fused kernel."""
+    :func:`loosespec.integrations.vllm.rule.fly_rejection_sample_v2` instead of the fused kernel.
+
+    ``_verify``'s arguments are bound by name (:func:`inspect.signature`), so releases that add, drop or reorder
+    its parameters still work; one whose ``__call__`` bypasses ``_verify`` (a CUDA-graphed path) is refused here,
+    and a call that bypasses it at run time raises at the first step instead of running without FLy."""
     try:
         import vllm.v1.worker.gpu.spec_decode.rejection_sampler as v2
     except Exception as exc:  # no V2 runner in this vLLM build (or it cannot import here, e.g. without Triton)
@@ -114,24 +206,41 @@ def _patch_v2_runner(settings: FlySettings, counters: FlyCounters) -> None:
     sampler_cls = getattr(v2, "RejectionSampler", None)
     if sampler_cls is None or not hasattr(sampler_cls, "_verify") or getattr(sampler_cls._verify, "_loosespec", False):
         return
+    signature = check_v2_sampler(sampler_cls)
+    original_call = sampler_cls.__call__ if any("__call__" in vars(b) for b in sampler_cls.__mro__[:-1]) else None
 
-    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
-                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
-        if self.synthetic_conditional_rates is not None or self.use_block_verification:
+    @functools.wraps(sampler_cls._verify)
+    def _verify(self, *args, **kwargs):
+        a = signature.bind(self, *args, **kwargs).arguments
+        if getattr(self, "synthetic_conditional_rates", None) is not None or getattr(self, "use_block_verification",
+                                                                                      False):
             raise RuntimeError("loosespec FLy replaces vLLM's rejection_sample_method; it cannot be combined "
                                "with 'synthetic' or 'block' verification")
         if getattr(self, "watermark_key", None) is not None:
             raise RuntimeError("loosespec FLy cannot be combined with vLLM's watermarking sampler")
-        processed = self.sampler.apply_sampling_params(
-            logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, draft_sampled, expanded_local_pos,
-            seq_lens_upper_bound_np)
+        _STATE.v2_verified = True
+        logits, cu_num_logits = a["logits"], a["cu_num_logits"]
+        processed = _call_by_name(self.sampler.apply_sampling_params, a)
         states = self.sampler.sampling_states
+        verify_sampled = a.get("verify_draft_sampled")
         sampled, num_sampled, events = fly_rejection_sample_v2(
-            processed, logits, draft_logits, verify_draft_sampled, cu_num_logits, pos, idx_mapping,
-            states.temperature.gpu, states.seeds.gpu, self.num_speculative_steps, settings)
-        drafted = (cu_num_logits[1:] - cu_num_logits[:-1] - 1).tolist()
-        counters.add(sampled, drafted, events)  # sampled is -1 past num_sampled
+            processed, logits, a.get("draft_logits"), a["draft_sampled"] if verify_sampled is None else verify_sampled,
+            cu_num_logits, a["pos"], a["idx_mapping"], states.temperature.gpu, states.seeds.gpu,
+            self.num_speculative_steps, settings)
+        counters.add(sampled, cu_num_logits[1:] - cu_num_logits[:-1] - 1, events)  # sampled is -1 past num_sampled
         return processed, sampled, num_sampled
 
     _verify._loosespec = True
     sampler_cls._verify = _verify
+    if original_call is not None:
+        @functools.wraps(original_call)
+        def __call__(self, *args, **kwargs):
+            _STATE.v2_verified = False
+            out = original_call(self, *args, **kwargs)
+            if not getattr(_STATE, "v2_verified", False):
+                raise V2Unsupported("loosespec FLy: vLLM's V2 rejection sampler verified a batch without calling "
+                                    "_verify (a CUDA-graphed or other fast path); FLy would be silently off. "
+                                    "Disable that path or unset LOOSESPEC_REJECTION_SAMPLE_METHOD")
+            return out
+
+        sampler_cls.__call__ = __call__
