@@ -102,6 +102,17 @@ class Precision:
         return {**asdict(self), "name": self.name}
 
 
+def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
+    """Whether a CUDA device computes in bfloat16 natively: compute capability 8.0 (Ampere) or newer.
+    ``torch.cuda.is_bf16_supported()`` also answers True where bfloat16 is only emulated (a T4 or V100 runs
+    it many times slower than float16, and some kernels lack it), so the capability decides; on ROCm,
+    where capabilities mean something else, torch's answer stands."""
+    if getattr(torch.version, "hip", None):
+        return bool(torch.cuda.is_bf16_supported())
+    major, _ = torch.cuda.get_device_capability(torch.device(device))
+    return major >= 8
+
+
 def describe_device(device: torch.device, cpu: CpuInfo | None = None) -> dict:
     """What a timing ran on: the CPU model and flags of note, and the GPU when there is one."""
     cpu = cpu or cpu_info()
@@ -110,6 +121,14 @@ def describe_device(device: torch.device, cpu: CpuInfo | None = None) -> dict:
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def _gpu_name(device: torch.device) -> str:
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    except Exception:  # no CUDA here (tests pass cuda_bf16 explicitly)
+        return str(device)
 
 
 def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch.device | str = "cpu",
@@ -137,14 +156,18 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
             raise LoosespecError(f"--quantize int8 computes the unquantized parts in float32; --dtype {dtype} "
                                  "cannot go with it (use --dtype auto or float32)")
         return Precision("float32", "int8", "int8 asked for (--quantize int8)")
+    if device.type == "cuda" and cuda_bf16 is None and dtype in ("auto", "bfloat16"):
+        cuda_bf16 = cuda_bf16_native(device)
+    if dtype == "bfloat16" and device.type == "cuda" and not cuda_bf16:
+        raise LoosespecError(f"--dtype bfloat16 on {_gpu_name(device)}: this GPU (before Ampere, compute capability "
+                             "< 8.0) has no bfloat16 arithmetic; use --dtype auto (float16) or float32")
     if dtype != "auto":
         return Precision(dtype, "none", f"--dtype {dtype} asked for")
     if device.type == "cuda":
-        if cuda_bf16 is None:
-            cuda_bf16 = torch.cuda.is_bf16_supported()
         if cuda_bf16:
             return Precision("bfloat16", "none", "CUDA device with bfloat16 support")
-        return Precision("float16", "none", "CUDA device without bfloat16 support (pre-Ampere)")
+        return Precision("float16", "none", "CUDA device without native bfloat16 (pre-Ampere, compute capability "
+                         "< 8.0); float16, whose overflow to NaN loosespec reports as an error")
     if device.type == "mps":
         return Precision("float16", "none", "Apple MPS device")
     cpu = cpu or cpu_info()

@@ -77,3 +77,23 @@ def test_int8_without_engine_is_refused():
 def test_this_machine_is_described():
     me = cpu_info()
     assert me.model and isinstance(me.flags, frozenset)
+
+
+@pytest.mark.parametrize("capability, auto", [((7, 5), "float16"), ((7, 0), "float16"), ((8, 0), "bfloat16"),
+                                              ((9, 0), "bfloat16")])
+def test_cuda_auto_reads_the_compute_capability_not_emulated_bf16(monkeypatch, capability, auto):
+    """torch.cuda.is_bf16_supported() says True on a T4 or V100 too (emulation); --dtype auto must pick float16
+    there and bfloat16 from Ampere on. Stand-ins for the CUDA queries: no GPU is needed."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Stand-in GPU")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert resolve_precision("auto", "auto", "cuda", engine="x86").name == auto
+    assert resolve_precision("float16", "auto", "cuda", engine="x86").name == "float16"
+    if auto == "float16":
+        with pytest.raises(LoosespecError, match=r"bfloat16 on Stand-in GPU \(compute capability 7\.\d\).*--dtype auto"):
+            resolve_precision("bfloat16", "auto", "cuda", engine="x86")
+    else:
+        assert resolve_precision("bfloat16", "auto", "cuda", engine="x86").name == "bfloat16"

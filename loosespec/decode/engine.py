@@ -28,6 +28,25 @@ from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
 from loosespec.methods import METHODS
 from loosespec.verify.rules import Rule
 from loosespec.verify import SamplingParams
+from loosespec.verify.sampling import check_finite
+
+def prompt_tensor(ids) -> torch.Tensor:
+    """A prompt's token ids as the loop holds them, [P] int64 on the CPU, from what a caller may pass: a 1-D
+    tensor, a [1, P] tensor as tokenizers return it (or their ``BatchEncoding``), on any device, of any integer
+    dtype. Normalised once, on entry: the caches compare and concatenate CPU ids every round."""
+    if not isinstance(ids, torch.Tensor) and hasattr(ids, "keys") and "input_ids" in ids:
+        ids = ids["input_ids"]  # tokenizer(..., return_tensors="pt")
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise LoosespecError(f"one prompt at a time: got a batch of {ids.shape[0]} prompts ({list(ids.shape)})")
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise LoosespecError(f"a prompt's token ids must be [P] or [1, P], got shape {list(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise LoosespecError(f"a prompt's token ids must be integers, got {ids.dtype}")
+    return ids.to(device="cpu", dtype=torch.long)
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued device work so wall-clock timers measure it."""
@@ -55,6 +74,7 @@ def decode(
     """Yield committed token chunks until an end token or ``max_new_tokens``."""
     seq = prompt_ids
     produced = 0
+    dtype = next(target.model.parameters()).dtype  # named in a non-finite-logits error
     target.prefill(seq[:-1])  # the prompt in a forward of its own, the same for every method (loosespec.quant)
     while produced < max_new_tokens:
         # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
@@ -65,14 +85,19 @@ def decode(
             stats.record_draft_length(getattr(drafter, "last_choice", k) if proposed else 0)
         # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
         logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
-        # 3. rule: accepted prefix + one correction-or-bonus token
-        verdict = rule(draft, logits)
+        # 3. rule: accepted prefix + one correction-or-bonus token (NaN logits make multinomial fail: say why)
+        try:
+            verdict = rule(draft, logits)
+        except RuntimeError:
+            check_finite(logits, "target", dtype)
+            raise
         level = None
         if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
             drafter.feedback(len(draft), verdict.num_accepted)
             level = getattr(drafter, "round_events", None)  # the drafting level the round used (draftlen)
         # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
         tokens = verdict.tokens.tolist()
+        check_finite(logits, "target", dtype)  # after the read above: the device is idle by now
         end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         if end is not None:
             tokens = tokens[: end + 1]
@@ -358,7 +383,10 @@ class Engine:
                 "transformers": transformers.__version__}
 
     def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:
-        ids = prompt if isinstance(prompt, torch.Tensor) else encode_prompt(self.tokenizer, prompt, raw)
+        if isinstance(prompt, torch.Tensor) or hasattr(prompt, "keys") and "input_ids" in prompt:
+            ids = prompt_tensor(prompt)  # on any device, [P] or [1, P]
+        else:
+            ids = encode_prompt(self.tokenizer, prompt, raw)
         if ids.numel() == 0:
             raise LoosespecError("empty prompt")
         return Generation(self, ids, cfg, self.config_dict(cfg, raw))

@@ -19,7 +19,7 @@ import torch
 from loosespec.decode.kv import CachedLM
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.rejection import rejection_verify
-from loosespec.verify.sampling import SamplingParams, logits_to_probs
+from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs
 from loosespec.drafters.base import Draft
 from loosespec.drafters.ngram import ngram_lookup
 
@@ -59,7 +59,11 @@ class MlaDrafter:
                 verdict = greedy_verify(cand, logits)
             else:
                 p = logits_to_probs(logits, self.sampling)
-                verdict = rejection_verify(cand, None, p, self.generator)
+                try:
+                    verdict = rejection_verify(cand, None, p, self.generator)
+                except RuntimeError:  # multinomial refuses NaN/inf probabilities: say why
+                    check_finite(logits, "draft", self.lm.model.dtype)
+                    raise
                 # each emitted token is marginally distributed as the draft model's p at its row
                 probs.extend(p[: verdict.num_accepted + 1])
             new = verdict.tokens.cpu()

@@ -15,7 +15,7 @@ from collections.abc import Collection
 import torch
 
 from loosespec.decode.kv import CachedLM
-from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
+from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs, sample
 from loosespec.drafters.base import Draft
 
 
@@ -44,10 +44,17 @@ class ModelDrafter:
             logits = self.lm.logits(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1)  # [1, V]
             if self.sampling.greedy:
                 top = torch.softmax(logits[0], dim=-1).max(dim=-1)
-                token, confident = int(top.indices), float(top.values) >= self.confidence_threshold
+                token, value = int(top.indices), float(top.values)
+                if value != value:  # NaN: the logits were not finite (read with the token, no extra sync)
+                    check_finite(logits, "draft", self.lm.model.dtype)
+                confident = value >= self.confidence_threshold
             else:
                 q = logits_to_probs(logits, self.sampling)  # [1, V]
-                token, confident = int(sample(q, self.generator)), True
+                try:
+                    token, confident = int(sample(q, self.generator)), True
+                except RuntimeError:  # multinomial refuses NaN/inf probabilities: say why
+                    check_finite(logits, "draft", self.lm.model.dtype)
+                    raise
                 probs.append(q[0])
             tokens.append(token)
             if token in self.stop_ids or not confident:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loosespec.config import knob_default
+from loosespec.errors import NonFiniteLogits
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,15 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row. probs: [N, V] -> [N] int64."""
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def check_finite(logits: torch.Tensor, who: str, dtype: torch.dtype | None = None) -> None:
+    """Raise :class:`~loosespec.errors.NonFiniteLogits` when ``logits`` hold a NaN or an infinity. One
+    device-to-host read: the decode loop calls it after its own read of the round's tokens, when the device
+    is idle, and on the error path of a draw that failed."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    name = str(dtype).replace("torch.", "") if dtype is not None else "its dtype"
+    hint = ("float16 overflows in some models' activations: use --dtype bfloat16 (GPUs from Ampere on) or float32"
+            if dtype == torch.float16 else "try --dtype float32")
+    raise NonFiniteLogits(f"the {who} model produced non-finite logits (NaN or inf) in {name}; {hint}")

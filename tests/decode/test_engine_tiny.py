@@ -177,3 +177,67 @@ def test_stop_string_cut_counts_only_committed_rounds(tiny_engine):
     assert len(r.token_ids) < len(free.token_ids)
     assert sum(r.stats.round_lengths) == len(r.token_ids) == r.stats.new_tokens
     assert r.stats.accepted_tokens == sum(rec[1] for rec in r.stats.round_records)
+
+
+def test_prompt_tensors_are_normalised_on_entry(tiny_engine, ar_ids):
+    """A [1, P] tensor (as tokenizers return it), its BatchEncoding, another integer dtype, a tensor on the
+    model's device (a GPU one under LOOSESPEC_TEST_DEVICE=cuda): all generate what the text prompt does."""
+    from loosespec.decode.engine import prompt_tensor
+    from loosespec.errors import LoosespecError
+
+    ids = tiny_engine.stream(PROMPT, DecodeConfig.create("ar", max_new_tokens=1), raw=True).prompt_ids
+    cfg = DecodeConfig.create("exact", "ngram", max_new_tokens=60, adaptive_draft_length=False)
+    enc = tiny_engine.tokenizer(PROMPT, return_tensors="pt")
+    assert torch.equal(enc["input_ids"][0], ids)
+    for prompt in (ids[None], ids.to(torch.int32), ids.to(tiny_engine.device)[None], enc):
+        got = tiny_engine.stream(prompt, cfg)
+        assert got.prompt_ids.device.type == "cpu" and got.prompt_ids.dtype == torch.long and got.prompt_ids.dim() == 1
+        assert got.result().token_ids == ar_ids
+    for bad, words in ((torch.stack([ids, ids]), "batch of 2"), (ids.float(), "integers"), (ids[None, None], "shape")):
+        with pytest.raises(LoosespecError, match=words):
+            prompt_tensor(bad)
+
+
+class _NanLM:
+    """A CachedLM stand-in whose logits are NaN from the n-th call on (what float16 overflow produces)."""
+
+    def __init__(self, lm, after=0):
+        self.lm, self.model, self.after, self.calls = lm, lm.model, after, 0
+        self.device, self.forwards = lm.device, 0
+
+    def prefill(self, seq):
+        self.lm.prefill(seq)
+
+    def logits(self, seq, rows):
+        out = self.lm.logits(seq, rows)
+        self.calls += 1
+        return out if self.calls <= self.after else torch.full_like(out, float("nan"))
+
+
+@pytest.mark.parametrize("method, temperature", [("ar", 0.0), ("exact", 0.0), ("rejection", 0.7), ("fly", 0.0)])
+def test_non_finite_target_logits_are_a_clear_error(tiny_engine, method, temperature):
+    from loosespec.errors import NonFiniteLogits
+
+    cfg = DecodeConfig.create(method, "ngram" if method != "ar" else None, max_new_tokens=20,
+                              temperature=temperature, adaptive_draft_length=False)
+    drafter, rule, _ = tiny_engine.build(cfg)
+    ids = tiny_engine.stream(PROMPT, cfg, raw=True).prompt_ids
+    target = _NanLM(CachedLM(tiny_engine.target.model), after=2)
+    with pytest.raises(NonFiniteLogits, match="target model produced non-finite logits .*float32"):
+        list(decode(target, drafter, rule, ids, 20, cfg.num_draft_tokens, tiny_engine.stop_ids, Stats()))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_non_finite_draft_logits_are_a_clear_error(tiny_engine, temperature):
+    from loosespec.errors import NonFiniteLogits
+
+    ids = tiny_engine.stream(PROMPT, DecodeConfig.create("ar", max_new_tokens=1), raw=True).prompt_ids
+    lm = _NanLM(CachedLM(tiny_engine.draft.model))
+    drafter = ModelDrafter(lm, SamplingParams(temperature), torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteLogits, match="draft model"):
+        drafter.propose(ids, 4)
+    if temperature:
+        mla = MlaDrafter(_NanLM(CachedLM(tiny_engine.draft.model)), SamplingParams(temperature),
+                         torch.Generator().manual_seed(0))
+        with pytest.raises(NonFiniteLogits, match="draft model"):
+            mla.propose(ids, 4)
