@@ -444,18 +444,22 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
     from tqdm.auto import tqdm
 
-    from loosespec.eval.peers.vllm import VllmServer, speculative_tokens, vllm_generate
+    from loosespec.eval.peers.vllm import VllmServer, size_for_shared_gpu, speculative_tokens, vllm_generate
 
     if not problems:
         return
     if vllm is None:
         raise LoosespecError(f"method '{method}' needs vLLM settings (the CLI passes them)")
+    vllm, sized = size_for_shared_gpu(vllm)  # the engine may hold part of the GPU vLLM is about to claim
+    if sized and log is not None:
+        log(sized)
     s = settings
     kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
               top_k=s["top_k"])
     server_info = {"dtype": vllm.dtype,
                    "num_speculative_tokens": None if method == "vllm-ar" else speculative_tokens(method, vllm),
-                   "fly": method.startswith("vllm-fly"), "concurrency": vllm.concurrency}
+                   "fly": method.startswith("vllm-fly"), "concurrency": vllm.concurrency,
+                   "gpu_memory_utilization": vllm.gpu_memory_utilization}
 
     def finish(problem, text, token_ids, wall, stats, request):
         outcome = Outcome(text, token_ids, wall, [], stats,

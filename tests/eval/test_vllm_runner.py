@@ -150,3 +150,38 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
     assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
     p = subprocess.run(cmd + ["--num-draft-tokens", "4"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, monkeypatch):
+    """bench keeps the transformers pair on the GPU; vLLM at its default share (0.9 of the total) would refuse
+    to start on a 24-48 GB GPU. With this process holding CUDA memory, --gpu-memory-utilization is sized from
+    torch.cuda.mem_get_info() (stand-ins here: no GPU is needed), and too little left is a clear error."""
+    import torch
+
+    from loosespec.eval.peers.vllm import gpu_memory_share, size_for_shared_gpu
+
+    gib = 2**30
+    assert gpu_memory_share(10 * gib, 24 * gib) == round(9 / 24, 3)
+    assert gpu_memory_share(80 * gib, 80 * gib) == 0.9  # an idle GPU: vLLM's default
+    with pytest.raises(LoosespecError, match="0.9 of 24.0 GiB are free"):
+        gpu_memory_share(int(0.9 * gib), 24 * gib)
+    s = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert size_for_shared_gpu(s) == (s, None)  # this process never touched CUDA: vLLM's default
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (10 * gib, 24 * gib))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")  # the rows' hardware record
+    assert size_for_shared_gpu(dataclasses.replace(s, gpu_memory_utilization=0.5))[0].gpu_memory_utilization == 0.5
+    problems = [Problem(i) for i in range(2)]
+    settings = {"max_new_tokens": 4, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
+    lines = []
+    B.run_bench(None, problems, ["vllm-ar"], tmp_path, dataset="toy", settings=settings,
+                encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target", progress=False,
+                vllm=s, log=lines.append)
+    assert calls == ["empty"] and any("--gpu-memory-utilization 0.375" in line for line in lines)
+    assert "--gpu-memory-utilization 0.375" in (tmp_path / "vllm.log").read_text()
+    argv, _ = server_command("vllm-ar", s, 8000)
+    assert "--gpu-memory-utilization" not in argv  # unless sized or asked for

@@ -27,7 +27,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loosespec.config import VLLM_KNOBS, knob_default
@@ -66,6 +66,10 @@ class VllmSettings:
     # vLLM's --max-num-batched-tokens (None: vLLM's default). Start-up profiles one forward of this many
     # tokens: on a 2-core CPU 2048 tokens of the 1.5B take ~6 minutes per start, 256 well under one.
     max_num_batched_tokens: int | None = None
+    # vLLM's --gpu-memory-utilization (its share of the GPU's total memory; None: vLLM's default, 0.9). bench
+    # sizes it from the memory left free when loosespec's own engine holds part of the same GPU
+    # (gpu_memory_share), since vLLM refuses to start when less than its share is free.
+    gpu_memory_utilization: float | None = None
 
 
 DEFAULT_SPECULATIVE_TOKENS = 5  # vLLM's draft_model / ngram: what the issue measured best on this CPU
@@ -120,6 +124,8 @@ def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0
             "--max-model-len", str(s.max_model_len), "--served-model-name", served_model_name, "--max-num-seqs", "8"]
     if s.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    if s.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:.3f}"]
     if api_key:
         argv += ["--api-key", api_key]
     spec = speculative_config(method, s)
@@ -133,6 +139,39 @@ def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0
     else:
         env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] = "standard"
     return argv, env
+
+
+GPU_RESERVE_BYTES = 1 << 30  # left free beside vLLM: this process's own CUDA work and allocator slack
+VLLM_DEFAULT_SHARE = 0.9  # vLLM's default --gpu-memory-utilization
+MIN_SHARE = 0.05
+
+
+def gpu_memory_share(free: int, total: int, reserve: int = GPU_RESERVE_BYTES) -> float:
+    """vLLM's ``--gpu-memory-utilization`` for a GPU of which ``free`` of ``total`` bytes are free: what is free
+    less ``reserve``, as a share of the total (vLLM's unit), at most vLLM's default. Too little left is a
+    clear error instead of vLLM's refusal after minutes of start-up."""
+    share = min(VLLM_DEFAULT_SHARE, (free - reserve) / total)
+    if share < MIN_SHARE:
+        raise LoosespecError(f"vLLM needs GPU memory, but only {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free "
+                             "while loosespec's engine holds the rest: run the vllm-* methods in a bench of their "
+                             "own (--methods vllm-ar,vllm-fly,...) or on a larger GPU")
+    return round(share, 3)
+
+
+def size_for_shared_gpu(s: VllmSettings) -> tuple[VllmSettings, str | None]:
+    """Settings whose ``gpu_memory_utilization`` fits what this process leaves free, when this process holds CUDA
+    memory (the bench's transformers engine on the same GPU) and none was asked for; with a line saying so.
+    A process that never touched CUDA is left alone (and is not made to create a CUDA context to find out)."""
+    import torch
+
+    if s.gpu_memory_utilization is not None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return s, None
+    torch.cuda.empty_cache()  # blocks the engine's allocator keeps but does not use
+    free, total = torch.cuda.mem_get_info()
+    share = gpu_memory_share(free, total)
+    line = (f"# vLLM shares the GPU with the loaded engine: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, "
+            f"--gpu-memory-utilization {share:.3f}")
+    return replace(s, gpu_memory_utilization=share), line
 
 
 def free_port() -> int:
