@@ -35,18 +35,23 @@ demo: setup
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/loosespec generate --compare-ar --max-new-tokens 128 --prompt-file examples/demo_prompt.txt
 
-# lossless methods vs transformers: first 5 HumanEval prompts, 1.5B target, bf16, 128 new tokens, greedy
+# The measurements of issues 2-4, now runs of the one harness (`loosespec bench`: resumable, scored, one
+# definition of every metric; benchmarks/speed.py, which produced results/speed_*.json and
+# results/specguard_gsm8k.*, was folded into it). Same settings as those runs: bfloat16, K every round, greedy.
+# lossless methods vs transformers' own speculative decoding: first 5 HumanEval prompts, 128 new tokens
 bench-speed: setup
-	$(BIN)/python benchmarks/speed.py --prompts humaneval:5 --max-new-tokens 128 \
-		--methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist --out results/speed_lossless.json
+	$(BIN)/loosespec bench --dataset humaneval --limit 5 --max-new-tokens 128 $(LEGACY) \
+		--methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist --out $(BENCH_DIR)/speed-lossless
 
 # FLy (lossy) vs exact per category: BENCH_N prompts per category, BENCH_TOKENS new tokens
 BENCH_N ?= 10
 BENCH_TOKENS ?= 256
+FLY_METHODS = ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld
 bench-fly: setup
-	$(BIN)/python benchmarks/speed.py --max-new-tokens $(BENCH_TOKENS) \
-		--prompts humaneval:$(BENCH_N),specbench/summarization:$(BENCH_N),specbench/math_reasoning:$(BENCH_N) \
-		--methods ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld --out results/speed_fly.json
+	$(BIN)/loosespec bench --dataset humaneval --limit $(BENCH_N) --max-new-tokens $(BENCH_TOKENS) $(LEGACY) \
+		--methods $(FLY_METHODS) --out $(BENCH_DIR)/speed-fly/humaneval
+	$(BIN)/loosespec bench --dataset specbench --category summarization,math_reasoning --limit $(BENCH_N) \
+		--max-new-tokens $(BENCH_TOKENS) $(LEGACY) --methods $(FLY_METHODS) --out $(BENCH_DIR)/speed-fly/specbench
 
 # SpecGuard (lossy) on GSM8K: accuracy, step acceptance and speed next to ar, exact and FLy.
 # SG_TAU overrides the library's default tau (e.g. with a fresh calibration's proposal).
@@ -54,9 +59,9 @@ SG_TAU ?=
 SG_BENCH_N ?= 30
 SG_BENCH_TOKENS ?= 384
 bench-specguard: setup
-	$(BIN)/python benchmarks/speed.py --max-new-tokens $(SG_BENCH_TOKENS) --prompts gsm8k:$(SG_BENCH_N) \
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(SG_BENCH_N) --max-new-tokens $(SG_BENCH_TOKENS) $(LEGACY) \
 		--methods ar,exact-mla,fly-mla,specguard,specguard-regenerate $(if $(SG_TAU),--sg-tau $(SG_TAU)) \
-		--out results/specguard_gsm8k.json | tee results/specguard_gsm8k.txt
+		--out $(BENCH_DIR)/specguard-gsm8k
 
 # SpecGuard's tau from the first CAL_N GSM8K problems (where the default tau comes from)
 CAL_N ?= 20

@@ -71,18 +71,10 @@ def test_precision_compare(tmp_path):
     assert "int8 on all 5 problems it has scored: 3/5 = 0.60" in compare(tmp_path / "a", tmp_path / "b")
 
 
-def test_speed_script_pools_mean_accepted_length_like_the_harness():
-    """One definition: benchmarks/speed.py's tau is all tokens / all rounds, as loosespec bench's (not the mean of
-    per-prompt values, which here would be (4 + 1) / 2 = 2.5, not 11 / 5 = 2.2)."""
-    import speed
-
-    def r(i, method, n, rounds):
-        return {"category": "c", "id": i, "method": method, "token_ids": list(range(n)), "wall_s": 1.0,
-                "mean_accepted_length": n / rounds, "rounds": rounds, "lossy": False}
-
-    rows = [r(0, "ar", 8, 8), r(1, "ar", 3, 3), r(0, "exact-ngram", 8, 2), r(1, "exact-ngram", 3, 3)]
-    table = speed.summarize(rows, ["ar", "exact-ngram"])
-    assert table["all"]["exact-ngram"]["mean_accepted_length"] == pytest.approx(11 / 5)
+def test_pooled_mean_accepted_length_is_all_tokens_over_all_rounds():
+    """One definition, the harness's: all tokens / all rounds, not the mean of per-prompt values (which for
+    8 tokens in 2 rounds and 3 in 3 would be (4 + 1) / 2 = 2.5, not 11 / 5 = 2.2)."""
     from loosespec.eval.harness import pooled_mean_accepted_length
 
+    assert pooled_mean_accepted_length([8, 3], [2, 3]) == pytest.approx(11 / 5)
     assert pooled_mean_accepted_length([8, 2], [2, 2]) == 2.5 and pooled_mean_accepted_length([], []) is None
