@@ -235,6 +235,11 @@ def generate(
         print(json.dumps(out))
 
 
+_DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the copies shipped with loosespec "
+                  "(a file missing there comes from $LOOSESPEC_DATA, then the shipped copy); 'hub': the standard "
+                  "Hugging Face Hub datasets (pip install 'loosespec[hub]').")
+
+
 @app.command()
 @knob_options("drafter", "max_new_tokens", "seed", "sg_candidates", "sg_temperature", "sg_beta", "sg_delimiter",
               "sg_embedder")
@@ -249,8 +254,7 @@ def calibrate(
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto"),
-    data_dir: Optional[Path] = typer.Option(None, help="Folder with the evaluation sets (default: $LOOSESPEC_DATA or "
-                                            "shared/data beside the checkout)."),
+    data_dir: Optional[str] = typer.Option(None, help=_DATA_DIR_HELP),
     out: Optional[Path] = typer.Option(None, help="Write the proposal, score distributions and step records here (JSON)."),
     **knobs,
 ):
@@ -317,7 +321,7 @@ def bench(
                                            "summarization, qa, math_reasoning, rag); default all six."),
     context_lengths: Optional[str] = typer.Option(None, help="niah: context lengths in target tokens, e.g. 1024,2048."),
     depths: Optional[str] = typer.Option(None, help="niah: needle depths in [0, 1], e.g. 0,0.5,1."),
-    data_dir: Optional[Path] = typer.Option(None, help="Evaluation sets (default: $LOOSESPEC_DATA or shared/data)."),
+    data_dir: Optional[str] = typer.Option(None, help=_DATA_DIR_HELP),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
     vllm_num_speculative_tokens: Optional[int] = typer.Option(
         None, help="vllm-* methods: speculative_config's num_speculative_tokens (default: 5; FLy's K, 15, for "

@@ -1,7 +1,13 @@
-"""Evaluation sets from ``shared/data`` (see its README): prompts and answer scoring.
+"""Evaluation sets shipped with loosespec (``loosespec/eval/data``, see its README): prompts and answer scoring.
 
-Where the data lives: ``--data-dir``, else ``$LOOSESPEC_DATA``, else ``shared/data`` beside the
-project checkout.
+Where the data lives (:func:`data_file`): each file is taken from the first of ``--data-dir``
+(``directory=``), ``$LOOSESPEC_DATA`` and the copy shipped in ``loosespec/eval/data`` that holds it,
+so a folder with only some of the files overrides just those. A ``--data-dir`` that is not a folder
+is an error, never skipped. ``hub`` instead of a folder (``--data-dir hub`` or ``LOOSESPEC_DATA=hub``)
+loads the standard Hugging Face Hub copies through the optional ``datasets`` package
+(``pip install 'loosespec[hub]'``) for the sets that have one (:data:`HUB_SOURCES`), with the same
+rows as the shipped files. The Paul Graham essays of ``niah`` are not shipped (the essays are their
+author's copyright): that set needs a folder holding ``paul_graham_essays.jsonl`` (see the README).
 
 Datasets (``load_dataset(name, limit, directory, **options)``; ``DATASETS`` is the registry)
 ---------------------------------------------------------------------------------------------
@@ -106,17 +112,83 @@ class Problem:
     meta: Mapping = field(default_factory=dict, hash=False, compare=False)
 
 
-# shared/data beside the checkout: <checkout>/loosespec/eval/datasets.py -> <checkout>/../shared/data
-BESIDE_CHECKOUT = Path(__file__).resolve().parents[3] / "shared" / "data"
+# the copies shipped inside the package (package data: an installed wheel has them too)
+SHIPPED = Path(__file__).resolve().parent / "data"
+HUB = "hub"  # --data-dir / LOOSESPEC_DATA value: the standard Hugging Face Hub datasets (HUB_SOURCES)
+ESSAYS = "paul_graham_essays.jsonl"  # niah's haystack: not shipped (the essays are their author's copyright)
+
+# file -> (Hub dataset, config, split): the Hub copies with the same rows and fields as the files
+HUB_SOURCES: dict[str, tuple[str, str | None, str]] = {
+    "gsm8k_test.jsonl": ("openai/gsm8k", "main", "test"),
+    "gsm8k_train.jsonl": ("openai/gsm8k", "main", "train"),
+    "humaneval.jsonl": ("openai/openai_humaneval", None, "test"),
+    "math500_test.jsonl": ("HuggingFaceH4/MATH-500", None, "test"),
+}
+
+
+def _search_path(explicit: str | Path | None = None) -> list[Path | str]:
+    """The folders (or :data:`HUB`) files are looked up in, best first."""
+    out: list[Path | str] = []
+    for where, value in (("--data-dir", explicit), ("LOOSESPEC_DATA", os.environ.get("LOOSESPEC_DATA"))):
+        if value is None or str(value) == "":
+            continue
+        if str(value) == HUB:
+            out.append(HUB)
+        elif Path(value).is_dir():
+            out.append(Path(value))
+        else:
+            raise LoosespecError(f"{where} {value} is not a folder: pass the folder holding the evaluation sets' "
+                                 f".jsonl files (or '{HUB}' for the Hugging Face Hub copies)")
+    out.append(SHIPPED)
+    return out
 
 
 def data_dir(explicit: str | Path | None = None) -> Path:
-    candidates = [explicit, os.environ.get("LOOSESPEC_DATA"), BESIDE_CHECKOUT]
-    for c in candidates:
-        if c and Path(c).is_dir():
-            return Path(c)
-    raise LoosespecError("evaluation data not found: pass --data-dir or set LOOSESPEC_DATA to the folder holding "
-                         "gsm8k_test.jsonl (shared/data in the project)")
+    """The first folder files are looked up in (``--data-dir``, ``$LOOSESPEC_DATA``, the shipped copy);
+    pass it to the loaders as ``directory``: a file missing there still comes from the next folder."""
+    first = next(p for p in _search_path(explicit) if p != HUB)
+    return Path(first)
+
+
+def data_file(name: str, explicit: str | Path | None = None) -> Path | str:
+    """Where file ``name`` is read from: the first folder of ``--data-dir``, ``$LOOSESPEC_DATA`` and the
+    shipped copy that holds it, or :data:`HUB` when that comes first and has a Hub source for it."""
+    for place in _search_path(explicit):
+        if place == HUB:
+            if name in HUB_SOURCES:
+                return HUB
+        elif (Path(place) / name).is_file():
+            return Path(place) / name
+    if name == ESSAYS:
+        raise LoosespecError(f"{ESSAYS} (niah's haystack) is not shipped with loosespec: put it in a folder and pass "
+                             "--data-dir or set LOOSESPEC_DATA (where to get it: loosespec/eval/data/README.md)")
+    raise LoosespecError(f"evaluation data {name} not found in --data-dir, $LOOSESPEC_DATA or {SHIPPED}")
+
+
+def _hub_rows(name: str) -> list[dict]:
+    """The rows of file ``name`` from its Hugging Face Hub source (:data:`HUB_SOURCES`), as the file has them."""
+    try:
+        import datasets as hf_datasets
+    except ImportError:
+        raise LoosespecError(f"loading {name} from the Hugging Face Hub needs the 'datasets' package: "
+                             "pip install 'loosespec[hub]' (or use the copies shipped with loosespec)") from None
+    repo, config, split = HUB_SOURCES[name]
+    try:
+        table = hf_datasets.load_dataset(repo, config, split=split)
+    except Exception as e:  # offline, gated, renamed: one clear line
+        raise LoosespecError(f"could not load {repo} ({split}) from the Hugging Face Hub: {e}") from e
+    fields = {"gsm8k_test.jsonl": ("question", "answer"), "gsm8k_train.jsonl": ("question", "answer"),
+              "humaneval.jsonl": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
+              "math500_test.jsonl": ("problem", "solution", "answer", "subject", "level", "unique_id")}[name]
+    rows = [{k: row[k] for k in fields} for row in table]
+    if not rows:
+        raise LoosespecError(f"{repo} ({split}) on the Hugging Face Hub has no rows")
+    return rows
+
+
+def _load(name: str, directory: str | Path | None) -> list[dict]:
+    where = data_file(name, directory)
+    return _hub_rows(name) if where == HUB else _rows(Path(where))
 
 
 def _rows(path: Path) -> list[dict]:
@@ -145,7 +217,7 @@ def _names(value: Any, valid: Sequence[str], option: str, dataset: str) -> list[
 
 def gsm8k(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` GSM8K test problems, in file order."""
-    rows = _rows(data_dir(directory) / "gsm8k_test.jsonl")[:limit]
+    rows = _load("gsm8k_test.jsonl", directory)[:limit]
     return [Problem(f"gsm8k/{i}", "gsm8k", GSM8K_PROMPT.format(question=r["question"]),
                     r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
 
@@ -156,7 +228,7 @@ def mgsm(limit: int | None = None, directory: str | Path | None = None, lang: An
     langs = list(MGSM_LANGS) if lang == "all" else _names(lang, MGSM_LANGS + ("all",), "lang", "mgsm")
     if "all" in langs:
         langs = list(MGSM_LANGS)
-    rows = _rows(data_dir(directory) / "mgsm.jsonl")
+    rows = _load("mgsm.jsonl", directory)
     out = []
     for code in langs:
         for r in [r for r in rows if r["lang"] == code][:limit]:
@@ -168,7 +240,7 @@ def mgsm(limit: int | None = None, directory: str | Path | None = None, lang: An
 
 def math500(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` MATH-500 problems, in file order."""
-    rows = _rows(data_dir(directory) / "math500_test.jsonl")[:limit]
+    rows = _load("math500_test.jsonl", directory)[:limit]
     return [Problem(f"math500/{r['unique_id']}", r["subject"], MATH500_PROMPT.format(problem=r["problem"]),
                     r["answer"], {"level": r["level"], "subject": r["subject"], "unique_id": r["unique_id"]})
             for r in rows]
@@ -176,7 +248,7 @@ def math500(limit: int | None = None, directory: str | Path | None = None) -> li
 
 def humaneval(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` HumanEval tasks; ``answer`` is the canonical solution (a function body)."""
-    rows = _rows(data_dir(directory) / "humaneval.jsonl")[:limit]
+    rows = _load("humaneval.jsonl", directory)[:limit]
     return [Problem(r["task_id"], "humaneval", HUMANEVAL_PROMPT.format(prompt=r["prompt"]), r["canonical_solution"],
                     {"task_id": r["task_id"], "prompt": r["prompt"], "test": r["test"],
                      "entry_point": r["entry_point"]})
@@ -193,7 +265,7 @@ def specbench(limit: int | None = None, directory: str | Path | None = None, cat
     comma list; ``limit`` applies to each selected task type / category; ``mt_bench`` takes its 8
     categories round-robin (writing, roleplay, ..., then the second of each), so a small limit
     still covers them."""
-    rows = _rows(data_dir(directory) / "spec_bench_question.jsonl")
+    rows = _load("spec_bench_question.jsonl", directory)
     groups = (list(SPECBENCH_TASKS) if category is None
               else _names(category, SPECBENCH_TASKS + MTBENCH_CATEGORIES, "category", "specbench"))
     out, seen = [], set()
@@ -217,7 +289,7 @@ def specbench(limit: int | None = None, directory: str | Path | None = None, cat
 
 def mtbench(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` MT-Bench questions (file order), first turn only."""
-    rows = _rows(data_dir(directory) / "mt_bench_question.jsonl")[:limit]
+    rows = _load("mt_bench_question.jsonl", directory)[:limit]
     out = []
     for r in rows:
         meta = {"question_id": r["question_id"], "second_turn": r["turns"][1] if len(r["turns"]) > 1 else None}
@@ -239,7 +311,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+|\n\s*")
 
 
 def _haystack(directory: str | Path | None) -> str:
-    essays = _rows(data_dir(directory) / "paul_graham_essays.jsonl")
+    essays = _load("paul_graham_essays.jsonl", directory)
     return "\n\n".join(e["text"] for e in essays if e["title"] != "rss")
 
 

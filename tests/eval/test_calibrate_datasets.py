@@ -26,9 +26,10 @@ def test_load_gsm8k_from_a_data_dir(tmp_path):
     assert len(load_dataset("gsm8k", limit=1, directory=tmp_path)) == 1
     with pytest.raises(LoosespecError, match="unknown dataset"):
         load_dataset("gsm9k", directory=tmp_path)
-    with pytest.raises(LoosespecError, match="missing data file"):
-        (tmp_path / "empty").mkdir()
-        load_dataset("gsm8k", directory=tmp_path / "empty")
+    (tmp_path / "empty").mkdir()  # a folder without the file: the shipped copy
+    assert len(load_dataset("gsm8k", directory=tmp_path / "empty")) == 1319
+    with pytest.raises(LoosespecError, match="is not a folder"):  # a mistyped --data-dir is never skipped
+        load_dataset("gsm8k", directory=tmp_path / "missing")
 
 
 def test_propose_tau_hits_the_requested_rate():
@@ -43,3 +44,16 @@ def test_propose_tau_hits_the_requested_rate():
     assert roc_auc([0.5], [True]) is None
     with pytest.raises(ValueError):
         propose_tau([], [])
+
+
+@pytest.mark.parametrize("command", [["bench", "--dataset", "gsm8k", "--out", "unused", "--methods", "ar"],
+                                     ["calibrate", "--dataset", "gsm8k"]])
+def test_data_dir_option_of_bench_and_calibrate(tmp_path, command):
+    """--data-dir reaches the loader: a folder that is not there stops the command before any model loads."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "loosespec.cli", *command, "--data-dir", str(tmp_path / "nowhere")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "loosespec: error: --data-dir" in r.stderr and "is not a folder" in r.stderr, r
+    assert not (tmp_path / "unused").exists()

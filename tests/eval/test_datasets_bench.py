@@ -1,27 +1,56 @@
 """Benchmark datasets: loaders (counts, ids, categories, prompts), scorers, NIAH construction.
 
-Uses the real files in shared/data (skipped where they are absent); no models are loaded.
+Uses the files shipped in loosespec/eval/data (never anything outside the repository; checked against
+their README's sha256 and row counts) and, for NIAH, a generated stand-in for the essays that are not
+shipped; no models are loaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
+import re
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from loosespec.eval import datasets
 from loosespec.eval.datasets import (DATASETS, SCORERS_DOC, Problem, extract_number, humaneval_code, humaneval_program,
                                 is_correct, load_dataset, niah_code, score)
 from loosespec.errors import LoosespecError
 
-try:
-    from loosespec.eval.datasets import data_dir
-    DATA = data_dir()
-except LoosespecError:  # pragma: no cover - no shared/data checkout
-    DATA = None
+DATA = datasets.SHIPPED
+ESSAYS_START = "March 2011Every haystack here is made up"  # the first stand-in essay begins like the real ones
 
-needs_data = pytest.mark.skipif(DATA is None, reason="shared/data not found")
+
+def _stand_in_essays(folder: Path) -> Path:
+    """A ``paul_graham_essays.jsonl`` of generated prose (49 rows, ``rss`` a stub, about the real 640 KB)."""
+    rng = random.Random(0)
+    words = ("the startup founders users program language idea work people time money problem city school "
+             "essay question reason growth investors market hard good simple write think build learn").split()
+    rows = []
+    for i in range(49):
+        title = "rss" if i == 40 else f"essay{i:02d}"
+        sentences = [" ".join(rng.choice(words) for _ in range(rng.randrange(6, 24))).capitalize() + "."
+                     for _ in range(3 if title == "rss" else 140)]
+        text = ("\n\n".join(" ".join(sentences[j:j + 5]) for j in range(0, len(sentences), 5)))
+        rows.append({"title": title, "file": f"{title}.txt",
+                     "text": (ESSAYS_START + ". " if i == 0 else "May 2009") + text})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / datasets.ESSAYS).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _only_repository_data(tmp_path_factory, monkeypatch):
+    """LOOSESPEC_DATA: a folder with only the stand-in essays; every other set comes from the shipped copy."""
+    folder = tmp_path_factory.getbasetemp() / "stand-in-essays"
+    if not (folder / datasets.ESSAYS).is_file():
+        _stand_in_essays(folder)
+    monkeypatch.setenv("LOOSESPEC_DATA", str(folder))
 
 
 def _rows(name):
@@ -43,7 +72,6 @@ def test_registry_and_docs():
     assert score("specbench", p, "anything") is None and score("mtbench", p, "anything") is None
 
 
-@needs_data
 @pytest.mark.parametrize("call, match", [
     (lambda: load_dataset("gsm9k"), "unknown dataset 'gsm9k'.*gsm8k, mgsm, math500"),
     (lambda: load_dataset("gsm8k", lang="de"), "unknown load option lang.*'gsm8k'; valid: none"),
@@ -68,7 +96,6 @@ def test_bad_names_and_options(call, match):
 
 # ----------------------------------------------------------------------------------------------- loaders
 
-@needs_data
 def test_gsm8k_and_backward_compatible_registry_call():
     probs = load_dataset("gsm8k")
     assert len(probs) == 1319 and _unique_ids(probs) and {p.category for p in probs} == {"gsm8k"}
@@ -76,7 +103,6 @@ def test_gsm8k_and_backward_compatible_registry_call():
     assert DATASETS["gsm8k"](3, None) == probs[:3]  # the old DATASETS[name](limit, directory) call still works
 
 
-@needs_data
 def test_mgsm_languages_limits_and_gold():
     en = load_dataset("mgsm")
     assert len(en) == 250 and _unique_ids(en) and {p.category for p in en} == {"mgsm-en"}
@@ -100,7 +126,6 @@ def test_mgsm_languages_limits_and_gold():
     assert thousands and all("," not in p.answer for p in thousands)
 
 
-@needs_data
 def test_math500_loader():
     probs = load_dataset("math500")
     assert len(probs) == 500 and _unique_ids(probs)
@@ -113,7 +138,6 @@ def test_math500_loader():
     assert len(load_dataset("math500", limit=7)) == 7
 
 
-@needs_data
 def test_humaneval_loader_keeps_the_speed_benchmark_prompt():
     probs = load_dataset("humaneval", limit=3)
     rows = _rows("humaneval.jsonl")
@@ -126,7 +150,6 @@ def test_humaneval_loader_keeps_the_speed_benchmark_prompt():
         assert p.meta["prompt"] == r["prompt"] and p.meta["task_id"] == r["task_id"]
 
 
-@needs_data
 def test_specbench_loader():
     probs = load_dataset("specbench")
     assert len(probs) == 480 and _unique_ids(probs)
@@ -153,7 +176,6 @@ def test_specbench_loader():
     assert [p.meta["category"] for p in two] == ["qa", "qa", "coding", "coding"]
 
 
-@needs_data
 def test_mtbench_loader():
     probs = load_dataset("mtbench")
     assert len(probs) == 80 and _unique_ids(probs) and probs[0].id == "mtbench/81"
@@ -225,7 +247,6 @@ def test_is_correct(output, gold, right):
     assert is_correct(output, gold) is right
 
 
-@needs_data
 def test_gsm8k_and_mgsm_scorers():
     g = load_dataset("gsm8k", limit=1)[0]
     assert score("gsm8k", g, "16 - 3 - 4 = 9\n\n9 * 2 = 18\n\nThe answer is 18.") is True
@@ -259,7 +280,6 @@ def test_math500_scorer_equivalences(gold, output, right):
     assert score("math500", _math_problem(gold), output) is right
 
 
-@needs_data
 def test_math500_scorer_on_real_rows():
     probs = {p.id: p for p in load_dataset("math500")}
     for uid in ("test/precalculus/807.json", "test/precalculus/819.json", "test/algebra/1349.json",
@@ -320,7 +340,6 @@ def test_humaneval_code_picks_the_defining_block():
     assert humaneval_code("no fence at all") == "no fence at all"
 
 
-@needs_data
 def test_humaneval_scorer_in_the_sandbox():
     pytest.importorskip("loosespec.eval.sandbox")
     probs = load_dataset("humaneval", limit=3)
@@ -345,7 +364,6 @@ def _words(text):  # a non-linear counter, roughly like a real tokenizer
     return len(text.split()) * 4 // 3 + text.count("\n")
 
 
-@needs_data
 @pytest.mark.parametrize("counter", [_quarter, _words, None])
 def test_niah_construction(counter):
     calls = []
@@ -371,12 +389,11 @@ def test_niah_construction(counter):
         haystack = p.prompt[:p.prompt.rindex("\n\nWhat is the secret")]
         assert abs(haystack.index(needle) / len(haystack) - depth) <= 0.10, (p.id, haystack.index(needle))
         assert 0.9 * L <= count(p.prompt) <= L, p.id  # fits, and is not much shorter
-        assert p.prompt.startswith("July 2010What hard liquor") or depth == 0.0
+        assert p.prompt.startswith(ESSAYS_START) or depth == 0.0
     if counter is not None:  # fast: a few counts per length, never the whole 650 KB haystack
         assert len(calls) < 80 and max(calls) < 100_000
 
 
-@needs_data
 def test_niah_options_limit_and_determinism():
     a = load_dataset("niah", context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter, seed=3)
     assert [p.id for p in a] == ["niah/512/0.1", "niah/512/0.9", "niah/8192/0.1", "niah/8192/0.9"]
@@ -399,11 +416,102 @@ def test_niah_scorer():
         assert score("niah", p, bad) is False, bad
 
 
-def test_default_data_dir_is_beside_the_checkout():
-    """A module move once pointed this one level too low, and every data test skipped without a word."""
-    from pathlib import Path
+def _readme_table() -> dict[str, tuple[int, int, str]]:
+    """file -> (rows, bytes, sha256) from the shipped data's README table."""
+    out = {}
+    for line in (DATA / "README.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\| `([\w.]+\.jsonl)` \| (\d+) \| (\d+) \| `([0-9a-f]{64})` \|", line)
+        if m:
+            out[m[1]] = (int(m[2]), int(m[3]), m[4])
+    return out
 
-    from loosespec.eval import datasets
 
-    checkout = Path(__file__).resolve().parents[2]
-    assert datasets.BESIDE_CHECKOUT == checkout.parent / "shared" / "data"
+def test_shipped_files_match_their_readme():
+    """Every shipped file is in the README's provenance table with its rows, size and sha256, and the reverse."""
+    table = _readme_table()
+    assert set(table) == {p.name for p in DATA.glob("*.jsonl")} >= {
+        "gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "humaneval.jsonl", "spec_bench_question.jsonl",
+        "math500_test.jsonl", "mt_bench_question.jsonl"}
+    for name, (rows, size, sha) in table.items():
+        data = (DATA / name).read_bytes()
+        assert (data.count(b"\n"), len(data), hashlib.sha256(data).hexdigest()) == (rows, size, sha), name
+
+
+def test_the_shipped_files_are_package_data():
+    """pyproject.toml's package-data takes every shipped file, so a pip-installed loosespec has them too."""
+    import fnmatch
+    import tomllib
+
+    root = Path(datasets.__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["loosespec.eval"]
+    files = sorted(f"data/{p.name}" for p in DATA.iterdir())
+    assert "data/README.md" in files and len(files) == 8
+    assert [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
+
+
+def test_every_set_loads_from_the_repository_alone(monkeypatch):
+    """No --data-dir, no LOOSESPEC_DATA: each set's file comes from the copy inside the package (a clone
+    without a shared/ folder beside it works), and only niah asks for its essays."""
+    monkeypatch.delenv("LOOSESPEC_DATA")
+    package = Path(datasets.__file__).resolve().parent
+    for name in ("gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "math500_test.jsonl", "humaneval.jsonl",
+                 "spec_bench_question.jsonl", "mt_bench_question.jsonl"):
+        assert datasets.data_file(name) == package / "data" / name
+    assert datasets.data_dir() == package / "data"
+    counts = {name: len(load_dataset(name, **({"lang": "all"} if name == "mgsm" else {})))
+              for name in DATASETS if name != "niah"}
+    assert counts == {"gsm8k": 1319, "mgsm": 2750, "math500": 500, "humaneval": 164, "specbench": 480, "mtbench": 80}
+    with pytest.raises(LoosespecError, match="paul_graham_essays.jsonl .* not shipped.*--data-dir"):
+        load_dataset("niah")
+
+
+def test_data_dir_and_environment_override_file_by_file(tmp_path, monkeypatch):
+    """--data-dir beats LOOSESPEC_DATA beats the shipped copy, for each file; a mistyped folder is an error."""
+    def gsm8k_dir(folder, question):
+        folder.mkdir()
+        (folder / "gsm8k_test.jsonl").write_text(json.dumps({"question": question, "answer": "#### 7"}) + "\n")
+        return folder
+
+    env, explicit = gsm8k_dir(tmp_path / "env", "From the environment?"), gsm8k_dir(tmp_path / "cli", "From the CLI?")
+    monkeypatch.setenv("LOOSESPEC_DATA", str(env))
+    assert "From the environment?" in load_dataset("gsm8k")[0].prompt
+    assert "From the CLI?" in load_dataset("gsm8k", directory=explicit)[0].prompt
+    assert len(load_dataset("humaneval", directory=explicit)) == 164  # not in either folder: the shipped copy
+    for bad in (tmp_path / "nowhere", explicit / "gsm8k_test.jsonl"):
+        with pytest.raises(LoosespecError, match="is not a folder"):
+            load_dataset("gsm8k", directory=bad)
+    monkeypatch.setenv("LOOSESPEC_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(LoosespecError, match="LOOSESPEC_DATA .* is not a folder"):
+        load_dataset("gsm8k")
+
+
+def test_hub_alternative(monkeypatch):
+    """--data-dir hub: the standard Hub datasets through `datasets` (faked here: the Hub is not needed),
+    the same rows as the shipped files; a clear error without the package or without a Hub source."""
+    import sys
+    import types
+
+    shipped = {n: [json.loads(line) for line in (DATA / n).read_text(encoding="utf-8").splitlines()]
+               for n in datasets.HUB_SOURCES}
+    by_source = {src: shipped[n] for n, src in datasets.HUB_SOURCES.items()}
+    calls = []
+
+    def fake_load_dataset(repo, config=None, split=None):
+        calls.append((repo, config, split))
+        return [dict(row, extra_column=1) for row in by_source[repo, config, split]]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake_load_dataset))
+    monkeypatch.delenv("LOOSESPEC_DATA")
+    for name in ("gsm8k", "humaneval", "math500"):
+        assert load_dataset(name, directory="hub") == load_dataset(name), name
+    assert calls == [("openai/gsm8k", "main", "test"), ("openai/openai_humaneval", None, "test"),
+                     ("HuggingFaceH4/MATH-500", None, "test")]
+    assert datasets._hub_rows("gsm8k_train.jsonl") == shipped["gsm8k_train.jsonl"]
+    monkeypatch.setenv("LOOSESPEC_DATA", "hub")  # the environment variable takes it too
+    assert load_dataset("gsm8k", limit=2) == load_dataset("gsm8k", limit=2, directory=DATA)
+    assert len(calls) == 5
+    assert len(load_dataset("mtbench")) == 80 and len(calls) == 5  # no Hub source: the shipped copy
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(LoosespecError, match=r"needs the 'datasets' package: pip install 'loosespec\[hub\]'"):
+        load_dataset("gsm8k")
