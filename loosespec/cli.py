@@ -310,7 +310,8 @@ def bench(
                                      "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
                                      "and vLLM (make vllm) vllm-ar, vllm-ngram, vllm-draft, vllm-fly, "
                                      "vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
-                                     "the vllm-* methods when listed)."),
+                                     "the vllm-* methods when listed). A loosespec method with knobs set is "
+                                     "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
@@ -322,6 +323,10 @@ def bench(
     context_lengths: Optional[str] = typer.Option(None, help="niah: context lengths in target tokens, e.g. 1024,2048."),
     depths: Optional[str] = typer.Option(None, help="niah: needle depths in [0, 1], e.g. 0,0.5,1."),
     data_dir: Optional[str] = typer.Option(None, help=_DATA_DIR_HELP),
+    sweep: Optional[str] = typer.Option(None, help="<knob>=<v1>,<v2>,...: run each loosespec method but ar once per "
+                                        "value (as <method>@<knob>=<value>, a name --methods also takes) and plot "
+                                        "speedup (and accuracy) against the knob, e.g. num_draft_tokens=5,10,15 "
+                                        "or fly_entropy_threshold=0.1,0.3,0.6."),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
     vllm_num_speculative_tokens: Optional[int] = typer.Option(
         None, help="vllm-* methods: speculative_config's num_speculative_tokens (default: 5; FLy's K, 15, for "
@@ -348,6 +353,12 @@ def bench(
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     method_list = B.parse_methods(methods)
+    if sweep is not None:
+        knob, eq, values = sweep.partition("=")
+        values = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or not values:
+            raise LoosespecError(f"--sweep takes <knob>=<v1>,<v2>,..., e.g. num_draft_tokens=5,10,15; got '{sweep}'")
+        method_list = B.parse_methods(B.sweep_methods(method_list, knob.strip(), values))
     if vllm_concurrency < 1:
         raise LoosespecError(f"--vllm-concurrency must be >= 1, got {vllm_concurrency}")
     if vllm_num_speculative_tokens is not None and vllm_num_speculative_tokens < 1:

@@ -115,24 +115,78 @@ def all_method_names() -> list[str]:
     return list(bench_methods())
 
 
+VARIANT_SEP = "@"
+# what a variant may not change: the run's settings (the same for every method, so that speedup and accuracy
+# compare like with like) and what the base name already says
+NOT_PER_VARIANT = ("method", "drafter", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+def bench_method(name: str) -> BenchMethod:
+    """A bench method by name: a registered one, or a variant of a loosespec one with knobs set,
+    ``<method>@<knob>=<value>[@<knob>=<value>...]`` (e.g. ``fly-ngram@num_draft_tokens=5``,
+    ``fly-mla@fly_entropy_threshold=0.6``): the knobs are the decoding configuration's own names,
+    validated by its schema. Lossiness is the base method's."""
+    from loosespec.config import KNOBS, ConfigError, validate_knob
+
+    known = bench_methods()
+    if name in known:
+        return known[name]
+    base, *parts = name.split(VARIANT_SEP)
+    spec = known.get(base)
+    if spec is None or not parts:
+        raise LoosespecError(f"unknown method '{name}'; choose from: {', '.join(known)} "
+                             f"(or a variant, e.g. fly-ngram{VARIANT_SEP}num_draft_tokens=5)")
+    if spec.kind != "loosespec":
+        raise LoosespecError(f"'{name}': only loosespec's own methods take knob variants, not the peer '{base}'")
+    overrides = dict(spec.overrides)
+    for part in parts:
+        knob, eq, value = part.partition("=")
+        if not eq or knob not in KNOBS or knob in NOT_PER_VARIANT:
+            allowed = ", ".join(k for k in KNOBS if k not in NOT_PER_VARIANT)
+            raise LoosespecError(f"'{name}': '{part}' is not <knob>=<value> with a per-method knob ({allowed})")
+        try:
+            overrides[knob] = validate_knob(knob, value)
+        except ConfigError as e:
+            raise LoosespecError(f"'{name}': {e.render('field')}") from None
+    return BenchMethod(name, spec.kind, spec.lossy, spec.needs_draft, spec.method, spec.drafter, overrides)
+
+
+def variant_knobs(name: str) -> dict[str, str]:
+    """``fly-ngram@num_draft_tokens=5`` -> {"num_draft_tokens": "5"} (as written; {} for a plain name)."""
+    return dict(p.partition("=")[::2] for p in name.split(VARIANT_SEP)[1:])
+
+
+def base_name(name: str) -> str:
+    return name.split(VARIANT_SEP)[0]
+
+
+def sweep_methods(methods: Sequence[str], knob: str, values: Sequence[str]) -> list[str]:
+    """``--sweep knob=v1,v2``: each loosespec method but ``ar`` becomes one variant per value (peers stay)."""
+    out = []
+    for m in methods:
+        if m == "ar" or bench_method(m).kind != "loosespec":
+            out.append(m)
+        else:
+            out += [f"{m}{VARIANT_SEP}{knob}={v}" for v in values]
+    return out
+
+
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """``"ar,exact-ngram,..."`` -> validated list with ``ar`` first (the speedup baseline)."""
     items = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
-    valid = all_method_names()
-    bad = [m for m in items if m not in valid]
-    if bad:
-        raise LoosespecError(f"unknown method(s) {', '.join(bad)}; choose from: {', '.join(valid)}")
+    for m in items:
+        bench_method(m)  # raises, naming the method and what is wrong with it
     if len(set(items)) != len(items):
         raise LoosespecError(f"a method is listed twice in '{','.join(items)}'")
     return ["ar"] + [m for m in items if m != "ar"]
 
 
 def needs_draft_model(method: str) -> bool:
-    return bench_methods()[method].needs_draft
+    return bench_method(method).needs_draft
 
 
 def is_lossy(method: str) -> bool:
-    return bench_methods()[method].lossy
+    return bench_method(method).lossy
 
 
 def baseline_of(method: str, methods: Sequence[str]) -> str:
@@ -148,15 +202,13 @@ def method_config(method: str, *, max_new_tokens: int, temperature: float, seed:
                   top_k: int = knob_default("top_k"),
                   adaptive_draft_length: bool = knob_default("adaptive_draft_length")) -> DecodeConfig | None:
     """The DecodeConfig of a loosespec method (None for the transformers, llama.cpp and vLLM peers)."""
-    spec = bench_methods().get(method)
-    if spec is None:
-        raise LoosespecError(f"unknown method '{method}'; choose from: {', '.join(bench_methods())}")
+    spec = bench_method(method)
     if spec.kind != "loosespec":
         return None
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                   has_draft_model=has_draft, adaptive_draft_length=adaptive_draft_length)
     tau = {} if sg_tau is None or spec.method != "specguard" else {"sg_tau": sg_tau}
-    return DecodeConfig.create(spec.method, spec.drafter, **common, **spec.overrides, **tau)
+    return DecodeConfig.create(spec.method, spec.drafter, **{**common, **tau, **spec.overrides})  # a variant's knobs win
 
 
 # ---------------------------------------------------------------------------------------------
@@ -732,6 +784,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_title("Accepted lengths per method")
         ax.legend(fontsize=7)
         paths.append(_save(plt, fig, out / "accepted_lengths.png"))
+    paths += _plot_sweeps(plt, summary, out)
     per_pos = acceptance_by_position(rows)
     if per_pos:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -743,6 +796,62 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_title("Acceptance by draft position")
         ax.legend(fontsize=7)
         paths.append(_save(plt, fig, out / "acceptance_by_position.png"))
+    return paths
+
+
+def sweeps(methods: Sequence[str]) -> dict[str, dict[str, list[tuple[float, str]]]]:
+    """{knob: {base method: [(value, variant name), ...] sorted by value}} for the knobs that at least two
+    variants of one method set (and nothing else): what ``--sweep`` runs."""
+    out: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for m in methods:
+        knobs = variant_knobs(m)
+        if len(knobs) != 1:
+            continue
+        (knob, value), = knobs.items()
+        try:
+            x = float(value)
+        except ValueError:
+            continue  # a categorical knob has no axis
+        out[knob][base_name(m)].append((x, m))
+    return {k: {b: sorted(v) for b, v in per.items() if len(v) > 1} for k, per in out.items()
+            if any(len(v) > 1 for v in per.values())}
+
+
+def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
+    """speedup_by_<knob>.png per swept knob: speedup over ar (95% bootstrap interval as bars where there is one)
+    and, on a scored set, accuracy against the knob's value, one line per method; every point is a run."""
+    paths = []
+    for knob, per_base in sweeps(list(summary["methods"])).items():
+        scored = any(summary["methods"][m].get("accuracy") is not None for v in per_base.values() for _, m in v)
+        fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(10 if scored else 5.5, 4), squeeze=False)
+        for base, points in per_base.items():
+            label = base + (" (lossy)" if is_lossy(base) else "")
+            xs = [x for x, _ in points]
+            s = [summary["methods"][m] for _, m in points]
+            ys = [r.get("speedup") for r in s]
+            ci = [r.get("speedup_ci95") or (y, y) for r, y in zip(s, ys)]
+            err = [[y - lo if y is not None and lo is not None else 0 for y, (lo, _) in zip(ys, ci)],
+                   [hi - y if y is not None and hi is not None else 0 for y, (_, hi) in zip(ys, ci)]]
+            axes[0][0].errorbar(xs, [math.nan if y is None else y for y in ys], yerr=err, marker="o", ms=4,
+                                capsize=3, label=label)
+            if scored:
+                axes[0][1].plot(xs, [math.nan if r.get("accuracy") is None else r["accuracy"] for r in s],
+                                marker="o", ms=4, label=label)
+        axes[0][0].axhline(1.0, color="black", lw=0.8, ls="--")
+        axes[0][0].set_xlabel(knob)
+        axes[0][0].set_ylabel("speedup over ar (wall time)")
+        axes[0][0].set_title(f"Speedup against {knob}")
+        axes[0][0].legend(fontsize=7)
+        if scored:
+            ar_acc = next((summary["methods"][m].get("ar_accuracy") for v in per_base.values() for _, m in v
+                           if summary["methods"][m].get("ar_accuracy") is not None), None)
+            if ar_acc is not None:
+                axes[0][1].axhline(ar_acc, color="black", lw=0.8, ls="--", label="ar")
+            axes[0][1].set_xlabel(knob)
+            axes[0][1].set_ylabel("accuracy")
+            axes[0][1].set_title(f"Accuracy against {knob}")
+            axes[0][1].legend(fontsize=7)
+        paths.append(_save(plt, fig, out / f"speedup_by_{knob}.png"))
     return paths
 
 
