@@ -63,11 +63,15 @@ bench-specguard: setup
 		--methods ar,exact-mla,fly-mla,specguard,specguard-regenerate $(if $(SG_TAU),--sg-tau $(SG_TAU)) \
 		--out $(BENCH_DIR)/specguard-gsm8k
 
-# SpecGuard's tau from the first CAL_N GSM8K problems (where the default tau comes from)
-CAL_N ?= 20
+# SpecGuard's tau, beta and confidence variant from the first CAL_N problems of GSM8K's *train* split (no
+# benchmark reads it), at the precision chosen for this machine; resumable (step records in
+# results/calibration/specguard.steps.jsonl), table in results/calibration/specguard.md.
+# CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files.
+CAL_N ?= 40
+CAL_SELECT ?= embedding
 calibrate-specguard: setup
-	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k --limit $(CAL_N) --dtype bfloat16 \
-		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration_specguard.json
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(CAL_N) --sg-select $(CAL_SELECT) \
+		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration/specguard$(if $(filter attention,$(CAL_SELECT)),-attention).json
 
 # The runs measured before precision by hardware and the cost-aware draft length (bfloat16, K every round):
 # these flags reproduce their configuration (and let `make benchmarks` reprint the committed results).

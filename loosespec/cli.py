@@ -245,8 +245,11 @@ _DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the
               "sg_embedder")
 def calibrate(
     method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),  # (not a knob): only specguard has a threshold
-    dataset: str = typer.Option("gsm8k", help="Evaluation set (gsm8k)."),
+    dataset: str = typer.Option("gsm8k-train", help="Set to calibrate on: gsm8k-train (GSM8K's train split, which "
+                                "no benchmark reads), or any bench set (then do not benchmark on those problems)."),
     limit: int = typer.Option(20, help="First N problems of the set."),
+    margin: float = typer.Option(0.1, help="target_prefers label: the candidate's mean token log-prob under the "
+                                 "target is within MARGIN nats of the target's own step's."),
     accept_rate: Optional[float] = typer.Option(None, help="Share of steps the proposed tau should accept; default: "
                                                 "the share of steps the target wrote exactly as the draft did."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model."),
@@ -258,11 +261,14 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="Write the proposal, score distributions and step records here (JSON)."),
     **knobs,
 ):
-    """Propose SpecGuard's tau (LOSSY method) from scored steps the target also wrote.
+    """Calibrate SpecGuard (LOSSY method): tau, beta and the confidence variant from scored steps.
 
     Every step is written by the target (tau above 1, draft-assisted exact verification), while its
-    draft candidate is still scored; a step "agrees" when the target wrote exactly the candidate.
-    Prints the proposed tau, its accept rate, precision and recall, and the score distributions.
+    draft candidate is still scored. Labels per step: "agrees" (the target wrote exactly the candidate)
+    and "target prefers" (the target's mean token log-prob of the candidate is within --margin of its
+    own step's). Prints the AUC of C, G and S against both labels, their length bias, and the chosen
+    sg_confidence, sg_beta and sg_tau. With --out, step records go to OUT.steps.jsonl as each problem
+    finishes: rerun to resume, or with a larger --limit to add problems.
     """
     from loosespec.eval.calibrate import calibrate_specguard
     from loosespec.eval.datasets import load_dataset
@@ -272,18 +278,26 @@ def calibrate(
         raise LoosespecError(f"calibrate supports method 'specguard' only (it has the threshold tau), got '{method}'")
     if accept_rate is not None and not (0.0 < accept_rate <= 1.0):
         raise LoosespecError(f"accept_rate must be in (0, 1], got {accept_rate}")
+    if margin < 0:
+        raise LoosespecError(f"--margin must be >= 0, got {margin}")
     problems = load_dataset(dataset, limit, data_dir)
     kw = knob_values(knobs)
     cfg = DecodeConfig.create("specguard", kw.pop("drafter", None), has_draft_model=True, **kw)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
-    report = calibrate_specguard(engine, problems, cfg, accept_rate)
+    from loosespec.eval.calibrate import format_analysis
+
+    steps_file = None if out is None else out.with_name(out.stem + ".steps.jsonl")
+    try:
+        report = calibrate_specguard(engine, problems, cfg, accept_rate, steps_file=steps_file, margin=margin)
+    except ValueError as e:  # no scored steps
+        raise LoosespecError(str(e)) from None
     report["command"] = " ".join(["loosespec"] + sys.argv[1:])
     if out is not None:
         out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({"proposal": report["proposal"], "scores": report["scores"],
-                      "problems": report["problems"], "steps": len(report["steps"])}, indent=1))
+        out.with_suffix(".md").write_text(format_analysis(report) + "\n")
+    print(format_analysis(report))
 
 
 def _csv_numbers(text: Optional[str], kind: type, flag: str) -> Optional[tuple]:

@@ -216,7 +216,10 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         s = step_score(c, g, cfg.sg_beta)
         step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
         record = {"tokens": len(step), "grounding": g, "confidence": c, "score": s,
-                  "accepted": accept_step(s, cfg.sg_tau) and bool(step), "agrees": None, "agreed_prefix": None}
+                  "accepted": accept_step(s, cfg.sg_tau) and bool(step), "agrees": None, "agreed_prefix": None,
+                  # both confidence variants and the candidate itself, for the calibration (loosespec calibrate)
+                  "confidence_min": step_confidence(best.logprobs, "min"),
+                  "confidence_mean": step_confidence(best.logprobs, "mean"), "candidate": list(step)}
         # 4. accept: the draft's step, no target forward
         if record["accepted"]:
             tokens = step
@@ -241,3 +244,4 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         yield tokens
         if tokens and tokens[-1] in stop_ids:
             return
+        record["written"] = len(tokens)

@@ -14,6 +14,8 @@ Datasets (``load_dataset(name, limit, directory, **options)``; ``DATASETS`` is t
 ``limit`` always means "the first ``limit`` problems in file order" of each group named below.
 
 - ``gsm8k``: GSM8K test (1319). Prompt :data:`GSM8K_PROMPT`; id ``gsm8k/<row>``; category ``gsm8k``.
+- ``gsm8k-train``: GSM8K train (7473), as ``gsm8k``; id ``gsm8k-train/<row>``. For calibration only
+  (``loosespec calibrate``'s default), so that no benchmark problem is calibrated on.
 - ``mgsm``: MGSM (250 per language). Option ``lang="en"``: one of the 11 languages, a comma list
   (``"de,zh"``) or a list, or ``"all"``. The prompt is :data:`MGSM_PROMPT`, the GSM8K instruction
   kept in English (so every language gets the same instruction and the same "The answer is N."
@@ -22,7 +24,7 @@ Datasets (``load_dataset(name, limit, directory, **options)``; ``DATASETS`` is t
 - ``math500``: MATH-500 (500). Prompt :data:`MATH500_PROMPT` (final answer in ``\\boxed{}``);
   id ``math500/<unique_id>``; category = subject (e.g. ``Precalculus``); meta has level.
 - ``humaneval``: HumanEval (164). Prompt :data:`HUMANEVAL_PROMPT` (the format of
-  ``benchmarks/speed.py``); id = task_id (``HumanEval/0``); category ``humaneval``; ``answer`` is the
+  the earlier runs); id = task_id (``HumanEval/0``); category ``humaneval``; ``answer`` is the
   canonical solution (gold body); meta has task_id, prompt, test, entry_point.
 - ``specbench``: Spec-Bench (480), first turn only. Option ``category=None``: one of the six task
   types ``mt_bench`` (the 80 MT-Bench rows, question_id 81..160), ``translation``,
@@ -219,6 +221,14 @@ def gsm8k(limit: int | None = None, directory: str | Path | None = None) -> list
     """The first ``limit`` GSM8K test problems, in file order."""
     rows = _load("gsm8k_test.jsonl", directory)[:limit]
     return [Problem(f"gsm8k/{i}", "gsm8k", GSM8K_PROMPT.format(question=r["question"]),
+                    r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
+
+
+def gsm8k_train(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
+    """The first ``limit`` GSM8K *train* problems, in file order: for calibration, which must not see the
+    test problems the benchmarks score. id ``gsm8k-train/<row>``; category ``gsm8k-train``."""
+    rows = _load("gsm8k_train.jsonl", directory)[:limit]
+    return [Problem(f"gsm8k-train/{i}", "gsm8k-train", GSM8K_PROMPT.format(question=r["question"]),
                     r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
 
 
@@ -626,6 +636,7 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("gsm8k", gsm8k, {}, _score_number, {},
                 "numeric: extract_number (last 'The answer is N', else '#### N' or \\boxed{N}, else the last number) "
                 "== gold"),
+    DatasetSpec("gsm8k-train", gsm8k_train, {}, _score_number, {}, "as gsm8k (GSM8K's train split, for calibration)"),
     DatasetSpec("mgsm", mgsm, {"lang": "en"}, _score_number, {},
                 "numeric, as gsm8k: extract_number (last 'The answer is N', else the last number) == answer_number"),
     DatasetSpec("math500", math500, {}, _score_math500, {},
