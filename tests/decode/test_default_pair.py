@@ -22,13 +22,15 @@ def qwen_engine():
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "mla"])
-def test_fly_accepts_at_least_as_much_as_exact(qwen_engine, drafter):
+def test_fly_accepts_more_than_exact(qwen_engine, drafter):
+    """FLy loosens exact verification: on these prompts it accepts strictly longer runs. ``>=`` would also
+    pass a FLy that never defers a mismatch (then it is exact verification)."""
     exact_tau = fly_tau = 0.0
     for p in PROMPTS:
         kw = dict(num_draft_tokens=15, max_new_tokens=64, has_draft_model=True)
         exact_tau += qwen_engine.generate(p, DecodeConfig.create("exact", drafter, **kw)).stats.mean_accepted_length
         fly_tau += qwen_engine.generate(p, DecodeConfig.create("fly", drafter, **kw)).stats.mean_accepted_length
-    assert fly_tau >= exact_tau
+    assert fly_tau > exact_tau
 
 
 @pytest.fixture(scope="module")

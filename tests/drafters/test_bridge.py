@@ -134,9 +134,37 @@ def test_fly_across_tokenizers_runs_and_is_labeled(cross_engine):
     assert r.config["lossy"] is True and 0 < r.stats.new_tokens <= 24
 
 
+def _recorded_drafts(engine, monkeypatch) -> list[tuple[list[int], list[int]]]:
+    """(draft ids the draft model proposed, target ids the verifier got) for every TLI proposal."""
+    seen = []
+    inter = engine.intersection()
+    real = type(inter).map_draft
+
+    def recording(self, draft):
+        out = real(self, draft)
+        seen.append((draft.tokens.tolist(), out.tokens.tolist()))
+        return out
+
+    monkeypatch.setattr(type(inter), "map_draft", recording)
+    return seen
+
+
+def _assert_inside_the_intersection(engine, drafts):
+    """Every token the verifier got is the target twin of a draft id in the intersection; a proposal is
+    cut only at its first draft id without a twin (MLA's lookup part copies ids from the context)."""
+    inter = engine.intersection()
+    assert drafts and sum(len(mapped) for _, mapped in drafts) > 0
+    for proposed, mapped in drafts:
+        n = len(mapped)
+        assert all(inter.draft_mask[d] for d in proposed[:n]), proposed
+        assert mapped == [int(inter.to_target[d]) for d in proposed[:n]] and min(mapped, default=0) >= 0
+        assert n == len(proposed) or not inter.draft_mask[proposed[n]]
+
+
 @pytest.mark.parametrize("method, extra", [("rejection", {}), ("fly", {"fly_sampling": "rejection"})])
 @pytest.mark.parametrize("drafter", ["model", "mla"])
-def test_sampling_across_tokenizers_drafts_inside_the_intersection(cross_engine, method, extra, drafter):
+def test_sampling_across_tokenizers_drafts_inside_the_intersection(cross_engine, method, extra, drafter, monkeypatch):
+    drafts = _recorded_drafts(cross_engine, monkeypatch)
     cfg = DecodeConfig.create(method, drafter, has_draft_model=True, temperature=0.8, max_new_tokens=16, **extra)
     r = cross_engine.generate(PROMPT, cfg)
     s = r.stats.to_dict()
@@ -144,7 +172,58 @@ def test_sampling_across_tokenizers_drafts_inside_the_intersection(cross_engine,
     assert s["accepted_tokens"] <= s["drafted_tokens"] <= s["draft_units_drafted"]  # one target id per draft id
     # every drafted token was inside the intersection and came back as its target twin
     inter = cross_engine.intersection()
-    assert 0 < len(inter) <= inter.draft_mask.shape[0]
+    assert 0 < len(inter) < inter.draft_mask.shape[0]  # a real partial intersection: the mask matters
+    _assert_inside_the_intersection(cross_engine, drafts)
+    assert s["drafted_tokens"] == sum(len(mapped) for _, mapped in drafts)
+
+
+@pytest.fixture(scope="module")
+def twin_engine(tiny_dir, tmp_path_factory):
+    """The tiny target with a draft of another vocabulary that predicts like it: the tiny draft (the target
+    plus 5% noise) behind a tokenizer with the byte tokens in reverse order, its embedding and output rows
+    permuted to match. The intersection is every byte token, each under another id, so the draft's tokens
+    are accepted as often as on the same tokenizer only if each maps to its true twin."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from loosespec.decode.engine import Engine
+
+    target = _loaded(tiny_dir / "target", "tiny")
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet(), reverse=True):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    target_vocab = target.tokenizer.get_vocab()
+    rows = torch.tensor([target_vocab[t] for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])])
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "draft", dtype=torch.float32).eval()
+    with torch.no_grad():  # draft id i gets the rows of its target twin
+        model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight[rows].clone())
+        model.lm_head.weight.copy_(model.lm_head.weight[rows].clone())
+    path = tmp_path_factory.mktemp("twin-draft")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    engine = Engine(target, _loaded(path, "tiny-reversed-vocabulary"))
+    assert engine.bridge is not None and not torch.equal(rows, torch.arange(len(rows)))
+    return engine
+
+
+@pytest.mark.parametrize("method, extra", [("rejection", {}), ("fly", {"fly_sampling": "rejection"})])
+@pytest.mark.parametrize("drafter", ["model", "mla"])
+def test_sampling_across_tokenizers_accepts_draft_tokens(twin_engine, method, extra, drafter, monkeypatch):
+    """The accept path across vocabularies runs: draft tokens of another tokenizer, drawn inside the
+    intersection and carried to their target twins, are accepted (here 27% to 61% of them; a draft mapped
+    to the wrong twins would almost never be)."""
+    drafts = _recorded_drafts(twin_engine, monkeypatch)
+    cfg = DecodeConfig.create(method, drafter, has_draft_model=True, temperature=0.8, max_new_tokens=32, **extra)
+    r = twin_engine.generate(PROMPT, cfg)
+    s = r.stats.to_dict()
+    _assert_inside_the_intersection(twin_engine, drafts)
+    assert any(t != d for proposed, mapped in drafts for d, t in zip(proposed, mapped))  # ids really differ
+    assert s["accepted_tokens"] > 0 and s["accepted_tokens"] >= 0.1 * s["drafted_tokens"], s
+    assert 0 < r.stats.new_tokens <= 32
 
 
 def test_intersection_pairs_tokens_that_decode_alike(bridge):
