@@ -19,3 +19,167 @@ def test_every_reported_directory_exists():
     assert len(dirs) >= 4
     for d in dirs:
         assert (ROOT / d / "results.jsonl").is_file(), d
+
+
+# ------------------------------------------------------------------ numbers quoted in prose, outside the blocks
+
+def _methods(directory: str) -> dict:
+    from loosespec.eval.harness import report
+
+    summary, _ = report(ROOT / directory, draw=False, write=False)
+    return summary["methods"]
+
+
+def _speed(name: str, group: str) -> dict:
+    """A benchmarks/speed.py result file's summary of one prompt group (results/<name>.json)."""
+    import json
+
+    return json.loads((ROOT / "results" / f"{name}.json").read_text(encoding="utf-8"))["summary"][group]
+
+
+def _integration_lengths() -> tuple[str, str]:
+    """make test-vllm's mean accepted lengths (exact, fly), from its committed log excerpt."""
+    import re
+
+    text = (ROOT / "results" / "vllm_integration.txt").read_text(encoding="utf-8")
+    m = re.search(r"^mean accepted length: exact (\d+\.\d+), fly (\d+\.\d+)$", text, re.M)
+    assert m, "results/vllm_integration.txt has no 'mean accepted length' line"
+    return m[1], m[2]
+
+
+def _quoted_figures() -> list[tuple[str, str]]:
+    """(file, sentence) for every figure the prose quotes from a committed result, each sentence written
+    here with its numbers computed from the result files, so a rerun that changes them fails until the
+    prose says the new ones."""
+    def f(v, spec=".2f"):
+        return format(v, spec)
+
+    def right(s):
+        return round(s["accuracy"] * s["scored"])
+
+    g, h, load = _methods("results/bench/vllm/gsm8k"), _methods("results/bench/vllm/humaneval"), \
+        _methods("results/bench/vllm/gsm8k-load")
+    exact_len, fly_len = _integration_lengths()
+    lossless, sg = _speed("speed_lossless", "humaneval"), _speed("specguard_gsm8k", "gsm8k")
+    xtok = {(s, d): _methods(f"results/bench/xtok/{s}-{d}") for s in ("humaneval", "mtbench")
+            for d in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")}
+    qwen, smol, gemma = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"
+    assert all(right(s) == right(g["vllm-ar"]) for s in g.values()) and g["vllm-ar"]["scored"] == 3
+    assert all(right(s) == right(load["vllm-ar"]) for s in load.values()) and load["vllm-ar"]["scored"] == 8
+    assert lossless["exact-model"]["identical_to_ar"] == lossless["exact-model"]["prompts"]
+    B, V = "BENCHMARKS.md", "docs/vllm.md"
+    return [
+        # vLLM, batch of one, GSM8K
+        (B, f"`vllm-draft` runs at {f(g['vllm-draft']['speedup'])}x of `vllm-ar`, `vllm-fly` at "
+            f"{f(g['vllm-fly']['speedup'])}x, `vllm-ngram` at {f(g['vllm-ngram']['speedup'])}x."),
+        (B, f"in its prompt (acceptance {f(g['vllm-ngram']['acceptance_rate'])})"),
+        (B, f"Mean accepted length {f(g['vllm-fly']['mean_accepted_length'])} with `vllm-fly` (k = 15) against "
+            f"{f(g['vllm-draft']['mean_accepted_length'])} for `vllm-draft` (k = 5); at equal k = 15 the integration "
+            f"test measured {fly_len} against {exact_len}"),
+        (B, f"drafting 15 tokens per step here: {f(g['vllm-fly']['tokens_per_s'])} against "
+            f"{f(g['vllm-draft']['tokens_per_s'])} tokens/s."),
+        (B, f"every method answered the same {right(g['vllm-ar'])} of 3 problems (recovery "
+            f"{f(g['vllm-fly']['recovery'])})"),
+        (B, f"(identical to `vllm-ar`: {f(g['vllm-fly']['identical_to_ar'])}; lossy)"),
+        (B, f"vLLM without speculation ({f(g['vllm-ar']['tokens_per_s'])} tokens/s) is about as fast as the "
+            f"transformers engine's `ar` ({f(g['ar']['tokens_per_s'])})"),
+        # vLLM, batch of one, HumanEval
+        (B, f"`vllm-draft` {f(h['vllm-draft']['speedup'])}x, `vllm-fly` {f(h['vllm-fly']['speedup'])}x, "
+            f"`vllm-ngram` {f(h['vllm-ngram']['speedup'])}x of `vllm-ar`."),
+        (B, f"FLy's mean accepted length is {f(h['vllm-fly']['mean_accepted_length'])} of at most 16 per step "
+            f"(k = 15), `vllm-draft`'s {f(h['vllm-draft']['mean_accepted_length'])} of 6."),
+        (B, f"(ar right, method wrong: {h['vllm-fly']['ar_right_method_wrong']}; recovery "
+            f"{f(h['vllm-fly']['recovery'])})"),
+        (B, f"(accuracy interval {f(h['vllm-fly']['accuracy_ci95'][0])} to {f(h['vllm-fly']['accuracy_ci95'][1])})"),
+        # vLLM under load
+        (B, f"delivers {f(load['vllm-ar']['throughput_tokens_per_s'])} tokens/s with 8 requests in flight "
+            f"({f(g['vllm-ar']['tokens_per_s'])} one request at a time on the first 3 problems, above); `vllm-draft` "
+            f"{f(load['vllm-draft']['throughput_tokens_per_s'])} and `vllm-fly` "
+            f"{f(load['vllm-fly']['throughput_tokens_per_s'])}."),
+        (B, f"under load ({f(load['vllm-fly']['mean_accepted_length'])}, k = 15) is what it was one request at a "
+            f"time ({f(g['vllm-fly']['mean_accepted_length'])} on the first 3 problems)"),
+        (B, f"Accuracy is the same {right(load['vllm-ar'])} of 8 for every method (recovery "
+            f"{f(load['vllm-fly']['recovery'])})"),
+        (B, f"(acceptance {f(load['vllm-draft']['acceptance_rate'])} for `vllm-draft`, "
+            f"{f(load['vllm-fly']['acceptance_rate'])} for `vllm-fly`, against "
+            f"{f(g['vllm-draft']['acceptance_rate'])} and {f(g['vllm-fly']['acceptance_rate'])} one request at a time)"),
+        # docs/vllm.md's status table
+        (V, f"mean accepted length {exact_len} (vLLM's verification) vs {fly_len} (FLy,"),
+        (V, f"FLy raises the mean accepted length ({f(g['vllm-fly']['mean_accepted_length'])} on GSM8K, "
+            f"{f(h['vllm-fly']['mean_accepted_length'])} on HumanEval, k = 15)"),
+        (V, f"server throughput {f(load['vllm-ar']['throughput_tokens_per_s'])} (`vllm-ar`), "
+            f"{f(load['vllm-draft']['throughput_tokens_per_s'])} (`vllm-draft`), "
+            f"{f(load['vllm-fly']['throughput_tokens_per_s'])} (`vllm-fly`) tokens/s; FLy's mean accepted length "
+            f"{f(load['vllm-fly']['mean_accepted_length'])}, as for one request; same accuracy "
+            f"({right(load['vllm-ar'])} of 8) for all."),
+        # methods measured by benchmarks/speed.py, quoted in BENCHMARKS.md
+        (B, f"`exact-model` {f(lossless['exact-model']['speedup'])}x, mean accepted length "
+            f"{f(lossless['exact-model']['mean_accepted_length'])}, all outputs identical to `ar`."),
+        (B, f"`results/specguard_gsm8k.json`: {f(sg['specguard']['speedup'])}x, mean accepted length "
+            f"{f(sg['specguard']['mean_accepted_length'])}, {round(sg['specguard']['accuracy'] * 3)} of 3 correct "
+            f"(`ar` {round(sg['ar']['accuracy'] * 3)} of 3)."),
+        # drafts with another tokenizer
+        (B, f"(mean accepted length {f(xtok['humaneval', qwen]['exact-model']['mean_accepted_length'])} with "
+            f"`exact`), Gemma 270M next ({f(xtok['humaneval', gemma]['exact-model']['mean_accepted_length'])}), "
+            f"SmolLM2-135M last ({f(xtok['humaneval', smol]['exact-model']['mean_accepted_length'])})"),
+        (B, f"SmolLM2 with `exact` is {f(xtok['humaneval', smol]['exact-model']['speedup'])}x on HumanEval and "
+            f"{f(xtok['mtbench', smol]['exact-model']['speedup'])}x on `mt_bench`, the Qwen 0.5B "
+            f"{f(xtok['humaneval', qwen]['exact-model']['speedup'])}x and "
+            f"{f(xtok['mtbench', qwen]['exact-model']['speedup'])}x, Gemma "
+            f"{f(xtok['humaneval', gemma]['exact-model']['speedup'])}x and "
+            f"{f(xtok['mtbench', gemma]['exact-model']['speedup'])}x"),
+    ]
+
+
+def test_figures_quoted_in_prose_match_the_result_files():
+    """The numbers BENCHMARKS.md and docs/vllm.md quote outside the generated blocks (vLLM figures, the
+    speed.py runs, the cross-tokenizer runs) are the committed results' own."""
+    import re
+
+    texts = {}
+    wrong = []
+    for name, sentence in _quoted_figures():
+        if name not in texts:  # prose wraps anywhere: compare with whitespace collapsed
+            texts[name] = re.sub(r"\s+", " ", (ROOT / name).read_text(encoding="utf-8"))
+        if sentence not in texts[name]:
+            wrong.append(f"{name}: {sentence}")
+    assert not wrong, "figures that differ from the result files (or moved):\n" + "\n".join(wrong)
+
+
+def test_prose_below_the_generated_blocks_matches_them():
+    """The int8 paragraph and the draft-units range restate what the generated blocks say: checked against
+    the same result files."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from precision_accuracy import compare
+
+    from loosespec.eval.harness import RESULTS, ResultsFile
+
+    def counts(s: str):
+        table = dict(re.findall(r"^\| (int8|float32) \| (\d+/\d+) =", s, re.M))
+        only = re.search(r"right in int8 only: (\d+); right in float32 only: (\d+); exact McNemar p = (\d\.\d)\d*; "
+                         r"outputs identical token for token: (\d+)/(\d+)", s)
+        return table, only.groups()
+
+    p = "results/bench/precision/"
+    (g, (g_i8, g_f32, g_p, g_same, g_n)), (h, (h_i8, h_f32, h_p, h_same, h_n)) = (
+        counts(compare(ROOT / f"{p}{s}-int8", ROOT / f"{p}{s}-float32")) for s in ("gsm8k", "humaneval"))
+    assert (g_i8, g_f32, g_p) == (h_i8, h_f32, h_p) and g_same == "0"  # the paragraph says "in each" and "none"
+    said = [f"int8 got {h['int8']} HumanEval and {g['int8']} GSM8K answers right, float32 {h['float32']} and "
+            f"{g['float32']}: in each set float32 alone got {g_f32} right and int8 alone {g_i8} (exact McNemar p = "
+            f"{g_p} in each)",
+            f"({h_same} of the {h_n} HumanEval outputs and none of the {g_n} GSM8K ones are token for token the same)"]
+    ratios = []
+    for d in (ROOT / "results/bench/xtok").iterdir():
+        rows = [r for r in ResultsFile(d / RESULTS).read() if r["method"] != "ar"] if (d / RESULTS).exists() else []
+        for m in {r["method"] for r in rows}:
+            mine = [r for r in rows if r["method"] == m]
+            drafted = sum(r.get("drafted_tokens") or 0 for r in mine)
+            units = sum(r["stats"].get("draft_units_drafted", r.get("drafted_tokens") or 0) for r in mine)
+            if drafted and "qwen2.5-coder-0.5b" not in d.name:  # across tokenizers only
+                ratios.append(units / drafted)
+    said.append(f"a drafted target token costs {min(ratios):.2f} to {max(ratios):.2f} draft-model tokens")
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [s for s in said if s not in text] == []
