@@ -56,7 +56,9 @@ holds. Modes, best first (see :func:`sandbox_mode`):
     mounts. The code runs as PID 1 of its own PID namespace: when it exits or is killed, the kernel
     kills every process it started, including ones that left the process group with ``setsid``.
     Unless ``network=True`` (which leaves out ``--net``), the network namespace has only a down
-    loopback device: connects fail with ENETUNREACH.
+    loopback device: connects fail with ENETUNREACH. The probe checks the isolation itself (a network
+    namespace other than the parent's, with ``lo`` its only interface), not an unreachable address,
+    which an offline host gives too.
 ``"net"``
     ``unshare --user --map-root-user --net`` only (no read-only mounts, no PID namespace): network
     isolation is real; file and process protection is the Python guard, the rlimits and the
@@ -168,10 +170,18 @@ def _ns_prefix(mode: str, unshare: str, network: bool) -> list[str]:
     return []
 
 
+def _netns() -> str | None:
+    """This process's network namespace (``net:[inode]``), None where Linux's /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+
+
 def _probe(mode: str, unshare: str) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="loosespec-sbx-probe-") as d:
         d = os.path.realpath(d)
-        cfg = {"dir": d, "ns": mode, "probe": True, "network": False,
+        cfg = {"dir": d, "ns": mode, "probe": True, "network": False, "parent_netns": _netns(),
                "pid_max": mode == "full" and _kernel_version() >= (6, 14)}
         cmd = _ns_prefix(mode, unshare, False) + [sys.executable, "-I", "-B", "-c", _boot_source(),
                                                   json.dumps(cfg)]

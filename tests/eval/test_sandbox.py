@@ -374,31 +374,106 @@ def test_sandbox_dir_removed_after_timeout(mode):
 
 # ----------------------------------------------------------------------------------------- network
 
-def test_network_is_blocked(mode):
-    r = run_python("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\n", timeout_s=5)
-    assert not r.passed and r.status == "failed", r
-    r = run_python("import urllib.request\nurllib.request.urlopen('http://1.1.1.1/', timeout=2)\n",
+@pytest.fixture
+def listener():
+    """A TCP server on this host's loopback (port): reachable from any process in this network namespace,
+    online or offline, so that failing to reach it means isolation, not a host without a network."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                srv.accept()[0].close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    srv.close()
+
+
+def test_network_is_blocked(mode, listener):
+    prog = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=2)\nprint('connected')\n"
+    r = run_python(prog, timeout_s=5)
+    assert not r.passed and r.status == "failed" and "blocked by loosespec sandbox" in r.stderr, r
+    r = run_python(f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{listener}/', timeout=2)\n",
                    timeout_s=5)
-    assert not r.passed, r
+    assert not r.passed and "blocked by loosespec sandbox" in r.stderr, r
+    # negative control: the same program with the network allowed reaches the listener
+    r = run_python(prog, timeout_s=5, network=True)
+    assert r.passed and r.stdout.strip() == "connected", r
 
 
-def test_network_is_blocked_for_native_calls():
-    """Below the Python guard, the network namespace has no route anywhere."""
+NATIVE_CONNECT = textwrap.dedent("""
+    import ctypes, errno, socket, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+    assert fd >= 0, errno.errorcode[ctypes.get_errno()]
+    addr = struct.pack("=H", socket.AF_INET) + struct.pack("!H4s8x", {port}, bytes([127, 0, 0, 1]))
+    rc = libc.connect(fd, addr, len(addr))
+    print("connected" if rc == 0 else errno.errorcode[ctypes.get_errno()])
+""")
+
+# the network namespace and its interfaces, read without sockets (so no Python guard is in the way)
+NETNS_PROBE = ("import json, os\nwith open('/proc/self/net/dev') as f:\n"
+               "    ifaces = sorted(l.split(':')[0].strip() for l in f.readlines()[2:] if ':' in l)\n"
+               "print(json.dumps([os.readlink('/proc/self/ns/net'), ifaces]))\n")
+
+
+def _needs_network_namespace():
     if sandbox._detect().mode not in ("full", "net"):
         pytest.skip("no network namespace here; only the Python-level guard blocks sockets")
-    prog = textwrap.dedent("""
-        import ctypes, errno, socket, struct
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
-        assert fd >= 0, errno.errorcode[ctypes.get_errno()]
-        addr = struct.pack("!HH4s8x", socket.AF_INET, 80, bytes([1, 1, 1, 1]))
-        addr = struct.pack("=H", socket.AF_INET) + addr[2:]
-        rc = libc.connect(fd, addr, len(addr))
-        print("connected" if rc == 0 else errno.errorcode[ctypes.get_errno()])
-    """)
-    r = run_python(prog, timeout_s=5)
+
+
+def test_network_namespace_is_the_sandboxs_own():
+    """Isolation itself: the code runs in a network namespace other than this process's, whose only
+    interface is the loopback device. Negative controls: with ``network=True`` and in a plain subprocess
+    the same probe reports this process's namespace (so the comparison can fail)."""
+    import json
+    import subprocess
+
+    _needs_network_namespace()
+    ours = os.readlink("/proc/self/ns/net")
+    r = run_python(NETNS_PROBE, timeout_s=5)
     assert r.passed, r
-    assert r.stdout.strip() == "ENETUNREACH"
+    netns, ifaces = json.loads(r.stdout)
+    assert netns.startswith("net:[") and netns != ours and ifaces == ["lo"]
+    r = run_python(NETNS_PROBE, timeout_s=5, network=True)
+    assert r.passed and json.loads(r.stdout)[0] == ours, r
+    plain = subprocess.run([sys.executable, "-c", NETNS_PROBE], capture_output=True, text=True, check=True)
+    assert json.loads(plain.stdout)[0] == ours
+
+
+def test_probe_checks_isolation_not_reachability(monkeypatch):
+    """The mode probe accepts a network namespace only if it is not this process's and has only ``lo``;
+    without ``--net`` (the same namespace: on an offline host every public address is unreachable too)
+    it reports no network isolation."""
+    _needs_network_namespace()
+    env = sandbox._detect()
+    assert sandbox._probe(env.mode, env.unshare)["net"] is True
+    real = sandbox._ns_prefix
+    monkeypatch.setattr(sandbox, "_ns_prefix", lambda mode, unshare, network: [
+        a for a in real(mode, unshare, network) if a != "--net"])
+    assert sandbox._probe(env.mode, env.unshare)["net"] is False
+
+
+def test_network_is_blocked_for_native_calls(listener):
+    """Below the Python guard, a libc connect() cannot reach a server listening on this host's loopback;
+    with ``network=True`` (no network namespace) the same call connects: the negative control."""
+    _needs_network_namespace()
+    r = run_python(NATIVE_CONNECT.format(port=listener), timeout_s=5)
+    assert r.passed, r
+    assert r.stdout.strip() in ("ENETUNREACH", "ECONNREFUSED"), r  # lo down, or up but another namespace
+    r = run_python(NATIVE_CONNECT.format(port=listener), timeout_s=5, network=True)
+    assert r.passed and r.stdout.strip() == "connected", r
 
 
 def test_network_flag_allows_sockets(mode):
