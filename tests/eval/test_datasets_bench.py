@@ -65,7 +65,7 @@ def _unique_ids(problems):
 # ----------------------------------------------------------------------------------------------- registry
 
 def test_registry_and_docs():
-    assert set(DATASETS) == {"gsm8k", "mgsm", "math500", "humaneval", "specbench", "mtbench", "niah"}
+    assert set(DATASETS) == {"gsm8k", "gsm8k-train", "mgsm", "math500", "humaneval", "specbench", "mtbench", "niah"}
     assert set(SCORERS_DOC) == set(DATASETS) and all(SCORERS_DOC.values())
     p = Problem("x/0", "x", "q", None)
     assert p.meta == {} and hash(p) == hash(Problem("x/0", "x", "q", None, {"a": 1}))  # meta: not hashed/compared
@@ -73,7 +73,7 @@ def test_registry_and_docs():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: load_dataset("gsm9k"), "unknown dataset 'gsm9k'.*gsm8k, mgsm, math500"),
+    (lambda: load_dataset("gsm9k"), "unknown dataset 'gsm9k'.*gsm8k, gsm8k-train, mgsm, math500"),
     (lambda: load_dataset("gsm8k", lang="de"), "unknown load option lang.*'gsm8k'; valid: none"),
     (lambda: load_dataset("mgsm", language="de"), "unknown load option language.*valid: lang"),
     (lambda: load_dataset("mgsm", lang="xx"), "unknown lang 'xx'.*en, de, fr, zh, ja, es, ru, th, sw, bn, te"),
@@ -461,7 +461,8 @@ def test_every_set_loads_from_the_repository_alone(monkeypatch):
     assert datasets.data_dir() == package / "data"
     counts = {name: len(load_dataset(name, **({"lang": "all"} if name == "mgsm" else {})))
               for name in DATASETS if name != "niah"}
-    assert counts == {"gsm8k": 1319, "mgsm": 2750, "math500": 500, "humaneval": 164, "specbench": 480, "mtbench": 80}
+    assert counts == {"gsm8k": 1319, "gsm8k-train": 7473, "mgsm": 2750, "math500": 500, "humaneval": 164,
+                      "specbench": 480, "mtbench": 80}
     with pytest.raises(LoosespecError, match="paul_graham_essays.jsonl .* not shipped.*--data-dir"):
         load_dataset("niah")
 
