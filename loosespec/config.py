@@ -263,6 +263,8 @@ class DecodeConfig:
     sg_verify: str = knob("exact", "draft-assisted: exact | fly rule for verifying the rejected candidate.",
                           lossy="SpecGuard", choices=SG_VERIFY)
     sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
+    sg_batch_candidates: bool = knob(True, "draft the candidates as one batch (one draft forward per position for "
+                                     "all); off: one after another.", lossy="SpecGuard")
 
     @property
     def lossy(self) -> bool:

@@ -3,7 +3,8 @@
 methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
 
 1. draft ``sg_candidates`` candidates with the draft model (the first greedy, the others sampled
-   at ``sg_temperature`` from the seeded generator), each up to the delimiter;
+   at ``sg_temperature`` from the seeded generator), each up to the delimiter, as one batch (one
+   draft forward per position for all of them; ``sg_batch_candidates=False``: one after another);
 2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`);
 3. score it: grounding G from one eager-attention forward of the draft over the step, confidence
    C from the log-probs the draft produced while writing it;
@@ -17,7 +18,7 @@ methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
 
 Choices where the papers are silent: the draft embedder mean-pools the draft's last hidden state
 over the step's own token positions (collected while drafting, plus one forward for the last
-token; the seed describes consistency by attention patterns instead, not built yet); confidence
+token; the seed describes consistency by attention patterns instead: ``sg_select="attention"``); confidence
 uses the draft's untempered (T = 1) log-probs; a step is cut at ``sg_max_step_tokens``. An
 accepted step counts as one round of the run statistics, all its tokens drafted and accepted.
 Every step leaves a record (scores, accepted, and, when the target wrote the step, ``agrees``:
@@ -78,6 +79,64 @@ def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperatur
     out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1, output_hidden_states=True)
     states.append(out.hidden_states[-1][0, -1].float())  # the last token's own state
     return Candidate(tokens, torch.stack(logprobs).cpu(), torch.stack(states).mean(dim=0).cpu())
+
+
+@torch.inference_mode()
+def draft_candidates(lm: CachedLM, seq: torch.Tensor, count: int, max_tokens: int, temperature: float,
+                     generator: torch.Generator | None, done: Callable[[list[int]], bool]) -> list[Candidate]:
+    """``count`` candidates drafted together, the first greedy and the others sampled at ``temperature``:
+    one forward per position for all of them (a batch of ``count`` one-token rows on a copy of the
+    context's cache, repeated along the batch), instead of one candidate after another.
+
+    Every row advances one token per forward, so the rows stay the same length and need no padding;
+    a finished candidate's row runs on, ignored, until the last one finishes. Each candidate is what
+    :func:`draft_candidate` would draft with the same token choices (same logits up to the batch's
+    rounding; sampled candidates draw from the generator in a different order, so seeded outputs
+    differ from the sequential path). Counts one draft forward per batched forward."""
+    if count <= 1:
+        return [draft_candidate(lm, seq, max_tokens, 0.0, generator, done)]
+    import copy
+
+    logits = lm.logits(seq, rows=1).expand(count, -1)  # [count, V]: the first token's, shared
+    cache = copy.deepcopy(lm.cache)
+    cache.batch_repeat_interleave(count)
+    greedy_row = torch.zeros(count, dtype=torch.bool)
+    greedy_row[0] = True
+    params = SamplingParams(temperature) if temperature > 0 else None
+    tokens: list[list[int]] = [[] for _ in range(count)]
+    logprobs: list[list[torch.Tensor]] = [[] for _ in range(count)]
+    states: list[list[torch.Tensor]] = [[] for _ in range(count)]
+    finished = [False] * count  # the candidate is complete
+    closed = [False] * count  # ... and its last token's state is in
+    for _ in range(max_tokens + 1):
+        open_rows = [i for i in range(count) if not finished[i]]
+        if open_rows:
+            pick = logits.argmax(dim=-1)  # [count]
+            if params is not None:
+                sampled = sample(logits_to_probs(logits, params), generator)
+                pick = torch.where(greedy_row.to(pick.device), pick, sampled.to(pick.device))
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, pick[:, None])[:, 0]
+            for i in open_rows:
+                tokens[i].append(int(pick[i]))
+                logprobs[i].append(lp[i])
+                if done(tokens[i]) or len(tokens[i]) >= max_tokens:
+                    finished[i] = True
+        feed = torch.tensor([t[-1] for t in tokens], dtype=torch.long)[:, None].to(lm.device)  # [count, 1]
+        out = lm.model(input_ids=feed, past_key_values=cache, use_cache=True, output_hidden_states=True,
+                       logits_to_keep=1)
+        lm.forwards += 1
+        if lm.cost is not None:
+            lm.modelled_s += lm.cost(count)  # count rows of one token: priced as a forward over count tokens
+        hidden = out.hidden_states[-1][:, -1].float()  # [count, D]: the state at each row's latest token
+        for i in range(count):
+            if not closed[i]:
+                states[i].append(hidden[i])
+                closed[i] = finished[i]
+        if all(closed):
+            break
+        logits = out.logits[:, -1].float()
+    return [Candidate(t, torch.stack(lp).cpu(), torch.stack(st).mean(dim=0).cpu())
+            for t, lp, st in zip(tokens, logprobs, states)]
 
 
 @contextlib.contextmanager
@@ -202,8 +261,11 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         cap = min(cfg.sg_max_step_tokens, cfg.max_new_tokens - produced)
         dseq = side.to_draft(seq)
         # 1. k candidates from the draft, the first greedy
-        cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
-                 for i in range(cfg.sg_candidates)]
+        if cfg.sg_batch_candidates:
+            cands = draft_candidates(draft, dseq, cfg.sg_candidates, cap, cfg.sg_temperature, generator, draft_done)
+        else:
+            cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
+                     for i in range(cfg.sg_candidates)]
         # 2. the most consistent one: by what the candidates say (embeddings) or where they look (attention)
         if cfg.sg_select == "attention" and len(cands) > 2:
             vectors = torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands])
