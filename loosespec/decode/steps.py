@@ -153,26 +153,66 @@ def eager_attention(model: torch.nn.Module):
         model.set_attn_implementation(before)
 
 
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's per-layer self-attention modules, first to last (transformers' decoder layers name them
+    ``self_attn``: Llama, Qwen2, Gemma3, SmolLM2 and the other architectures loosespec loads)."""
+    return [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "self_attn"]
+
+
+def last_attentions(lm: CachedLM, seq: torch.Tensor, rows: int, layers: int) -> list[torch.Tensor]:
+    """One eager-attention forward of ``lm`` over ``seq`` (what the cache lacks of it, at least its last ``rows``
+    positions) returning the attention probabilities of the last ``layers`` layers only: per layer, first to
+    last, [1, heads, fed >= rows, len(seq)].
+
+    ``output_attentions=True`` would make transformers return every layer's (28 x [heads, S, L] for the 1.5B:
+    2.8 GB at a 32k context); forward hooks on the last layers' attention modules keep those alone, each layer's
+    maps freed as soon as the next layer runs. The forward is the same eager one, so the values are identical.
+    Architectures without ``self_attn`` modules that return their weights fall back to ``output_attentions``."""
+    every = attention_modules(lm.model)
+    expected = getattr(lm.model.config, "num_hidden_layers", None)
+    mods = every[-layers:] if expected is None or len(every) == expected else []
+    kept: list[torch.Tensor | None] = [None] * len(mods)
+
+    def keep(i):
+        def hook(module, args, out):
+            if isinstance(out, tuple) and len(out) > 1 and isinstance(out[1], torch.Tensor):
+                kept[i] = out[1]
+        return hook
+
+    handles = [m.register_forward_hook(keep(i)) for i, m in enumerate(mods)]
+    try:
+        with eager_attention(lm.model):
+            out = lm.forward(seq, rows=rows)
+    finally:
+        for h in handles:
+            h.remove()
+    del out
+    if mods and all(a is not None for a in kept):
+        return kept
+    lm.reset()  # recompute the fed positions with every layer's maps returned (the old, heavier way)
+    with eager_attention(lm.model):
+        out = lm.forward(seq, rows=rows, output_attentions=True)
+    return list(out.attentions[-layers:])
+
+
 def attention_profile(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Where a candidate step looks: the draft's attention of the step's tokens over the context (the prompt
     and the steps accepted so far), averaged over the last ROLLOUT_LAYERS layers, heads and step tokens, and
     normalised to sum 1. [len(seq)]. One eager-attention draft forward over the candidate (context cached)."""
-    with eager_attention(lm.model):
-        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=len(tokens),
-                         output_attentions=True)
+    attentions = last_attentions(lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens),
+                                 ROLLOUT_LAYERS)
     ctx = int(seq.shape[0])
     rows = torch.stack([a[0, :, -len(tokens):, :ctx].float().mean(dim=(0, 1)).cpu()
-                        for a in out.attentions[-ROLLOUT_LAYERS:]])  # [layers, ctx]
+                        for a in attentions])  # [layers, ctx]
     profile = rows.mean(dim=0)
     return profile / profile.sum().clamp_min(1e-12)
 
 
 def grounding(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> float:
     """G of a step: one draft forward over it (context cached) with eager attention."""
-    with eager_attention(lm.model):
-        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=len(tokens),
-                         output_attentions=True)
-    rows = [a[0, :, -len(tokens):].cpu() for a in out.attentions[-ROLLOUT_LAYERS:]]  # per layer [H, S, L]
+    attentions = last_attentions(lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens),
+                                 ROLLOUT_LAYERS)
+    rows = [a[0, :, -len(tokens):].cpu() for a in attentions]  # per layer [H, S, L]
     return grounding_from_step_rows(rows, int(seq.shape[0]))
 
 
@@ -300,10 +340,10 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
             record["agrees"] = tokens == step
             record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
                                                         torch.tensor(step, dtype=torch.long))
+        record["written"] = len(tokens)
         stats.record_step(record, candidates=len(cands))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)
         yield tokens
         if tokens and tokens[-1] in stop_ids:
             return
-        record["written"] = len(tokens)

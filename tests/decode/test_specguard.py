@@ -281,3 +281,68 @@ def test_attention_selection_picks_the_candidate_looking_where_the_others_look(t
                              raw=True)
     assert r.stats.steps and r.stats.candidates_drafted == 4 * len(r.stats.steps)
     assert len(calls) == 4 * len(r.stats.steps)  # one profile per candidate, every step
+
+
+def _old_attentions(lm, seq, rows, layers):
+    """What the step loop did before: every layer's maps returned (output_attentions=True)."""
+    from loosespec.decode.steps import eager_attention
+
+    with eager_attention(lm.model):
+        return lm.forward(seq, rows=rows, output_attentions=True).attentions[-layers:]
+
+
+@pytest.mark.parametrize("layers", [2, 5])
+def test_grounding_keeps_only_the_last_layers_maps_with_identical_values(layers, monkeypatch):
+    """SpecGuard's grounding and attention profile read the last ROLLOUT_LAYERS layers' attention maps from hooks
+    on those layers instead of output_attentions=True (every layer's maps: 2.8 GB at a 32k context for the
+    1.5B); the forward is the same eager one, so G and the profile are bit for bit what they were."""
+    from conftest import make_tiny_model
+
+    from loosespec.decode.kv import CachedLM
+    from loosespec.decode.steps import attention_profile, grounding, last_attentions
+    from loosespec.verify.grounding import ROLLOUT_LAYERS, grounding_from_step_rows
+
+    model = make_tiny_model(3, layers=layers)
+    seq = torch.tensor([5, 6, 7, 8, 9, 10, 11, 40, 41], dtype=torch.long)
+    step = [12, 13, 14, 15]
+    full = torch.cat([seq, torch.tensor(step)])
+    before = CachedLM(model)
+    before.forward(full, rows=1)  # the step already cached (as after drafting it): it must be fed again
+    old = _old_attentions(before, full, len(step), ROLLOUT_LAYERS)
+    lm = CachedLM(model)
+    lm.forward(full, rows=1)  # the same cache state: the same forward shapes, the same values
+    seen = []
+    real = lm.forward
+    monkeypatch.setattr(lm, "forward", lambda *a, **k: seen.append(k) or real(*a, **k))
+    new = last_attentions(lm, full, len(step), ROLLOUT_LAYERS)
+    assert not any(k.get("output_attentions") for k in seen)  # no layer returned maps but the hooked ones
+    assert len(new) == min(layers, ROLLOUT_LAYERS) == len(old)
+    for a, b in zip(new, old):
+        assert torch.equal(a[0, :, -len(step):], b[0, :, -len(step):])
+    g_old = grounding_from_step_rows([a[0, :, -len(step):] for a in old], len(seq))
+
+    def warm():
+        lm = CachedLM(model)
+        lm.forward(full, rows=1)
+        return lm
+
+    assert grounding(warm(), seq, step) == g_old
+    assert model.config._attn_implementation == "sdpa"  # restored after the eager block
+    p = attention_profile(warm(), seq, step)
+    rows = torch.stack([a[0, :, -len(step):, :len(seq)].float().mean(dim=(0, 1)) for a in old]).mean(dim=0)
+    assert torch.equal(p, rows / rows.sum().clamp_min(1e-12))
+
+
+def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
+    """The same on a real 30-layer model: the hooked last three layers give the G that output_attentions gave."""
+    from loosespec.decode.kv import CachedLM
+    from loosespec.decode.steps import grounding
+    from loosespec.verify.grounding import ROLLOUT_LAYERS, grounding_from_step_rows
+
+    model = smol_engine.draft.model
+    seq = smol_engine.stream("Two plus two is", DecodeConfig.create("ar", max_new_tokens=1), raw=True).prompt_ids
+    step = smol_engine.tokenizer(" four, because", add_special_tokens=False)["input_ids"]
+    full = torch.cat([seq, torch.tensor(step)])
+    old = _old_attentions(CachedLM(model), full, len(step), ROLLOUT_LAYERS)
+    assert grounding(CachedLM(model), seq, step) == grounding_from_step_rows(
+        [a[0, :, -len(step):] for a in old], len(seq))
