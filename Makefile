@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -210,6 +210,12 @@ bench-precision: setup
 	done
 	for s in gsm8k humaneval; do $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int8 \
 	  $(BENCH_DIR)/precision/$$s-float32; echo; done | tee $(BENCH_DIR)/precision/accuracy.md
+
+# loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
+# requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)
+HF_CUSTOM_GENERATE_DIR ?= build/hf_custom_generate
+hf-custom-generate: setup
+	$(BIN)/python -m loosespec.integrations.hf $(HF_CUSTOM_GENERATE_DIR)
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py --dtype bfloat16 | tee results/rule_cost.txt
