@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("-k", "--num-draft-tokens", type=int, default=15)
     ap.add_argument("--prompt-tokens", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the numbers (and the cost curve) to this JSON file")
     args = ap.parse_args(argv)
 
     m = load(args.target, args.dtype, args.device, quantize=args.quantize)
@@ -81,9 +82,21 @@ def main(argv=None) -> int:
           f"{fwd * 1e3:.1f} ms ({fwd / one:.1f}x the 1-token forward)")
     print("| rule | ms | share of the verify forward |")
     print("| --- | ---: | ---: |")
+    rule_ms = {}
     for name, fn in rules.items():
         t = timed(fn, lm.device, 50)
+        rule_ms[name] = round(t * 1e3, 4)
         print(f"| {name} | {t * 1e3:.3f} | {100 * t / fwd:.2f}% |")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"model": args.target, "precision": m.precision.name, "device": str(lm.device),
+                       "prompt_tokens": args.prompt_tokens, "k": args.num_draft_tokens,
+                       "prefill_ms": round(prefill * 1e3, 3), "one_token_ms": round(one * 1e3, 4),
+                       "verify_ms": round(fwd * 1e3, 4), "verify_over_one": round(fwd / one, 3),
+                       "curve_ms": {n: round(curve(n) * 1e3, 4) for n in range(1, args.num_draft_tokens + 2)},
+                       "rule_ms": rule_ms}, f, indent=1)
     return 0
 
 

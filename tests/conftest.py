@@ -13,6 +13,9 @@ import torch
 from loosespec.models import LoadedModel, ModelSource
 
 TINY_VOCAB = 256 + 3  # byte-level alphabet + <s> </s> <pad>
+# the device the tiny engines run on: LOOSESPEC_TEST_DEVICE=cuda runs the tiny-model test files on a GPU
+# (benchmarks/gpu_smoke.py does); the default, cpu, is what make test runs
+TEST_DEVICE = torch.device(os.environ.get("LOOSESPEC_TEST_DEVICE", "cpu"))
 
 
 def make_tiny_tokenizer():
@@ -78,7 +81,7 @@ def tiny_dir(tmp_path_factory):
 def _loaded(path, name) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(TEST_DEVICE).eval()
     return LoadedModel(ModelSource(name, "local", str(path), "local"), model, AutoTokenizer.from_pretrained(path))
 
 

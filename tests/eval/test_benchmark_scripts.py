@@ -78,3 +78,22 @@ def test_pooled_mean_accepted_length_is_all_tokens_over_all_rounds():
 
     assert pooled_mean_accepted_length([8, 3], [2, 3]) == pytest.approx(11 / 5)
     assert pooled_mean_accepted_length([8, 2], [2, 2]) == 2.5 and pooled_mean_accepted_length([], []) is None
+
+
+def test_gpu_smoke_runs_its_cpu_sections_and_writes_one_summary(tmp_path):
+    """benchmarks/gpu_smoke.py (docs/gpu.md) on the CPU: the sections that need neither the prepared assets nor
+    minutes (env, the 64-request vLLM V2 rule batch, device vs CPU) run and land in one JSON summary; a missing
+    asset folder fails its own section, not the run."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_smoke.py"), "run", "--device", "cpu",
+                           "--skip", "tests,matrix,rule_cost,syncs,peak_memory", "--assets", str(tmp_path / "none"),
+                           "--vllm-vocab", "512", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    summary = json.loads(out.read_text())
+    s = summary["sections"]
+    assert s["env"]["ok"] and s["env"]["dependencies"]["transformers"]["in_range"] is True, proc.stderr[-2000:]
+    assert s["models"]["ok"] is False and "prepare" in s["models"]["error"]
+    assert s["vllm_rule"]["ok"] and s["vllm_rule"]["greedy_equal_to_cpu"] and s["vllm_rule"]["requests"] == 64
+    assert summary["failed_sections"] == ["models"] and proc.returncode == 1
