@@ -44,7 +44,9 @@ class ModelDrafter:
             logits = self.lm.logits(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1)  # [1, V]
             if self.sampling.greedy:
                 top = torch.softmax(logits[0], dim=-1).max(dim=-1)
-                token, value = int(top.indices), float(top.values)
+                # token and probability in one device-to-host read (float64 holds any vocabulary index exactly)
+                index, value = torch.stack([top.indices.double(), top.values.double()]).tolist()
+                token = int(index)
                 if value != value:  # NaN: the logits were not finite (read with the token, no extra sync)
                     check_finite(logits, "draft", self.lm.model.dtype)
                 confident = value >= self.confidence_threshold

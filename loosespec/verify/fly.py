@@ -131,19 +131,22 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     including those after the first reject, so its rates are not these (hence the ``prefix`` in the
     name, which was ``fly_mismatches`` in results written before 2026-12-01).
     """
-    n = first_false(accept)
-    upto = slice(0, min(n + 1, match.shape[0]))
-    miss = ~match[upto]
-    gate = gate_open(entropy[: miss.shape[0]], theta)
-    window = window_clear(match, window_size)[upto]
-    bound = within_boundary(match.shape[0], window_size, match.device, num_draft_tokens)[upto]
-    deferred = miss & accept[upto]
+    k = match.shape[0]
+    # positions up to and including the first reject, found on the device: the five counts below are read
+    # together, one device-to-host transfer per round instead of one per counter
+    n = accept.to(torch.int64).cumprod(0).sum()
+    upto = torch.arange(k, device=match.device) <= n
+    miss = ~match & upto
+    gate = gate_open(entropy[:k], theta)
+    window = window_clear(match, window_size)
+    bound = within_boundary(k, window_size, match.device, num_draft_tokens)
+    deferred = miss & accept
     hard = miss & ~gate
     window_rej = miss & gate & ~window
     bound_rej = miss & gate & window & ~bound
-    return {"fly_prefix_mismatches": int(miss.sum()), "fly_deferred": int(deferred.sum()),
-            "fly_hard_rejects": int(hard.sum()), "fly_window_rejects": int(window_rej.sum()),
-            "fly_boundary_rejects": int(bound_rej.sum())}
+    counts = torch.stack([miss.sum(), deferred.sum(), hard.sum(), window_rej.sum(), bound_rej.sum()]).tolist()
+    return dict(zip(("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
+                     "fly_boundary_rejects"), counts))
 
 
 def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA,

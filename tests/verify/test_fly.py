@@ -203,3 +203,37 @@ def test_the_registry_names_the_counters_the_rule_emits():
 
     _, events = fly_accept(torch.tensor([True, False, True]), torch.randn(3, 7), 0.3, 2)
     assert set(events) == set(FLY_COUNTERS)
+
+
+def _events_reference(match, entropy, theta, window_size, accept, num_draft_tokens=None):
+    """fly_events as it was before its counters were read in one transfer: position by position."""
+    from loosespec.verify.exact import first_false
+    from loosespec.verify.fly import gate_open, window_clear, within_boundary
+
+    n = first_false(accept)
+    upto = slice(0, min(n + 1, match.shape[0]))
+    miss = ~match[upto]
+    gate = gate_open(entropy[: miss.shape[0]], theta)
+    window = window_clear(match, window_size)[upto]
+    bound = within_boundary(match.shape[0], window_size, match.device, num_draft_tokens)[upto]
+    return {"fly_prefix_mismatches": int(miss.sum()), "fly_deferred": int((miss & accept[upto]).sum()),
+            "fly_hard_rejects": int((miss & ~gate).sum()), "fly_window_rejects": int((miss & gate & ~window).sum()),
+            "fly_boundary_rejects": int((miss & gate & window & ~bound).sum())}
+
+
+def test_fly_counters_read_in_one_transfer_equal_the_per_counter_reading():
+    """The counters are computed on the device and read together (one sync per round on a GPU, issue 22, 6):
+    the same numbers as counting position by position, over random rounds of every length."""
+    from loosespec.verify.fly import fly_events, fly_mask
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        k = int(torch.randint(0, 17, (1,), generator=g))
+        match = torch.rand(k, generator=g) < 0.7
+        entropy = torch.rand(k, generator=g)
+        w = int(torch.randint(1, 7, (1,), generator=g))
+        nominal = None if trial % 2 else 15
+        accept = fly_mask(match, entropy, 0.3, w, nominal)
+        got = fly_events(match, entropy, 0.3, w, accept, nominal)
+        assert got == _events_reference(match, entropy, 0.3, w, accept, nominal), (k, w)
+        assert all(type(v) is int for v in got.values())
