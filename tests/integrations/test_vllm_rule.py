@@ -564,3 +564,42 @@ def test_plugin_refuses_a_verify_without_the_names_it_reads(fake_vllm, monkeypat
     _v2_module(monkeypatch, Renamed)
     with pytest.raises(plugin.V2Unsupported, match=r"lacks \['logits'\]"):
         plugin.register()
+
+
+def _random_v2_batch(g, requests, k, vocab=V):
+    lens = torch.randint(0, k + 1, (requests,), generator=g)
+    rows = int((lens + 1).sum())
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), (lens + 1).cumsum(0)])
+    raw = torch.randn(rows, vocab, generator=g)
+    hot = torch.randint(0, vocab, (rows,), generator=g)
+    raw[torch.arange(rows), hot] += torch.where(torch.rand(rows, generator=g) < 0.6, 8.0, 0.4)  # some uncertain
+    sampled = torch.zeros(rows, dtype=torch.long)
+    for r in range(requests):
+        lo, n = int(cu[r]), int(lens[r])
+        d = hot[lo: lo + n].clone()
+        flip = torch.rand(n, generator=g) < 0.2
+        d[flip] = torch.randint(0, vocab, (int(flip.sum()),), generator=g)
+        if n and float(torch.rand(1, generator=g)) < 0.15:  # a request still in prefill: placeholders from j on
+            d[int(torch.randint(0, n, (1,), generator=g)):] = -1
+        sampled[lo + 1: lo + 1 + n] = d
+    return raw, sampled, cu, torch.arange(rows), torch.randperm(requests, generator=g)
+
+
+def test_v2_greedy_batches_rule_vectorized_as_per_request():
+    """An all-greedy V2 batch is ruled on the padded [batch, K] layout without a per-request loop (issue 22, 8):
+    the same tokens, counts and counters as the per-request path, over random batches with drafts of every
+    length, placeholders and settings that make every FLy condition decide somewhere."""
+    g = torch.Generator().manual_seed(5)
+    for trial in range(60):
+        k = int(torch.randint(1, 16, (1,), generator=g))
+        requests = int(torch.randint(1, 12, (1,), generator=g))
+        raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
+        settings = FlySettings(fly_window_size=int(torch.randint(1, 7, (1,), generator=g)),
+                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4])
+        temps = torch.zeros(requests + 3)
+        args = (raw, raw, None, sampled, cu, pos, idx, temps, torch.zeros(requests + 3, dtype=torch.long), k, settings)
+        fast = fly_rejection_sample_v2(*args)
+        slow = fly_rejection_sample_v2(*args, vectorized=False)
+        assert torch.equal(fast[0], slow[0]) and fast[0].dtype == slow[0].dtype, trial
+        assert torch.equal(fast[1], slow[1]) and fast[1].dtype == torch.int32, trial
+        assert fast[2] == slow[2], trial

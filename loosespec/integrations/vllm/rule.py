@@ -22,7 +22,9 @@ Per request, greedy (``is_greedy[i]``, temperature 0) or sampled:
 
 Each request is ruled on independently, as in the transformers engine, in a Python loop over the
 batch (a handful of small tensor ops per request; a fused kernel would remove the per-request
-host round trips on a GPU).
+host round trips on a GPU). On the V2 runner's layout an all-greedy batch skips the loop: it is ruled
+on the padded ``[batch, K]`` layout with one device-to-host read (``_fly_v2_greedy``, tested equal to
+the per-request path); batches with sampled requests still take the loop.
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ def fly_rejection_sample_v2(
     seed: torch.Tensor,  # [max_num_reqs]
     num_speculative_steps: int,
     settings: FlySettings,
+    vectorized: bool = True,  # an all-greedy batch ruled on the padded [batch, K] layout (False: per request)
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
     """FLy on vLLM's V2 model runner layout (the GPU default): ``(sampled [num_reqs, k + 1] int64,
     num_sampled [num_reqs] int32, counters)``.
@@ -207,6 +210,8 @@ def fly_rejection_sample_v2(
     placeholder draft and everything after it are rejected, as V2's own kernel does.
     """
     device = target_logits.device
+    if vectorized and bool((temperature[idx_mapping] == 0).all()):  # one read: is the whole batch greedy?
+        return _fly_v2_greedy(target_logits, raw_logits, draft_sampled, cu_num_logits, num_speculative_steps, settings)
     cu = cu_num_logits.tolist()
     states = idx_mapping.tolist()
     temps = temperature.float().tolist()
@@ -252,3 +257,51 @@ def fly_rejection_sample_v2(
         generators=generators)
     num_sampled = (out >= 0).sum(-1).to(torch.int32)
     return out.long(), num_sampled, events
+
+
+def _fly_v2_greedy(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_sampled: torch.Tensor,
+                   cu_num_logits: torch.Tensor, k_max: int, settings: FlySettings
+                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """:func:`fly_rejection_sample_v2` for a batch of greedy requests, on the padded ``[batch, K]`` layout with no
+    per-request loop and one device-to-host read (the counters): the same rule as the per-request path
+    (:func:`loosespec.verify.fly.fly_accept` on each request's own draft length), position by position.
+
+    Request ``r``'s drafts are ``draft_sampled[cu[r] + 1 + j]`` for ``j < k_r``, ``k_r`` its drafts up to the
+    first ``-1`` placeholder; row ``cu[r] + j`` predicts draft ``j`` and row ``cu[r] + n`` gives the token
+    after the kept prefix of length ``n`` (the correction, or the bonus when ``n == k_r``)."""
+    from loosespec.verify.fly import gate_open, topk_entropy
+
+    device = target_logits.device
+    cu = cu_num_logits.to(device=device, dtype=torch.long)
+    num_rows = target_logits.shape[0]
+    starts = cu[:-1]  # [R]
+    j = torch.arange(k_max, device=device)  # [K]
+    rows = starts[:, None] + j[None, :]  # [R, K] the row predicting draft j
+    slots = (cu[1:] - starts - 1)[:, None] > j[None, :]  # draft positions the layout holds
+    drafts = draft_sampled.to(device).long()[(rows + 1).clamp(max=num_rows - 1)]
+    k = (slots & (drafts >= 0)).long().cumprod(1).sum(1)  # [R] drafts before the first placeholder
+    valid = j[None, :] < k[:, None]
+    choice = target_logits.argmax(-1)  # [rows]
+    safe = rows.clamp(max=num_rows - 1)
+    match = (drafts == choice[safe]) & valid
+    entropy = topk_entropy(raw_logits, settings.fly_entropy_top_k)[safe]  # [R, K]
+    gate = gate_open(entropy, settings.fly_entropy_threshold)
+    w = settings.fly_window_size
+    misses = torch.cat([torch.zeros_like(k)[:, None], ((~match) & valid).long().cumsum(1)], 1)  # [R, K + 1]
+    lo = torch.minimum(j[None, :] + 1, k[:, None])
+    hi = torch.minimum(j[None, :] + w, k[:, None])  # the window cut at the request's own draft end
+    window = (misses.gather(1, hi) - misses.gather(1, lo)) == 0
+    bound = j[None, :] <= (k - w - 1)[:, None]  # the boundary of a draft of k_r tokens (nominal K = k_r)
+    accept = (match | (gate & window & bound)) & valid
+    n = accept.long().cumprod(1).sum(1)  # [R] kept draft tokens
+    out = torch.full((len(k), k_max + 1), PLACEHOLDER, dtype=torch.long, device=device)
+    keep = j[None, :] < n[:, None]
+    out[:, :k_max] = torch.where(keep, drafts, out[:, :k_max])
+    out.scatter_(1, n[:, None], choice[(starts + n).clamp(max=num_rows - 1)][:, None])
+    upto = (j[None, :] <= n[:, None]) & valid
+    miss = ~match & upto
+    counts = torch.stack([miss.sum(), (miss & accept).sum(), (miss & ~gate).sum(), (miss & gate & ~window).sum(),
+                          (miss & gate & window & ~bound).sum()]).tolist()
+    events = dict(zip(("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
+                       "fly_boundary_rejects"), counts))
+    return out, (n + 1).to(torch.int32), {name: events[name] for name in COUNTERS}
