@@ -46,9 +46,11 @@ PYEOF
 if [ -n "$NEED" ]; then
   echo "gpu_smoke: this image lacks or has out-of-range: $NEED; installing the carried wheels into $SITE" >&2
   if ls .gpu-smoke/wheels/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip --disable-pip-version-check -q install --no-index --find-links .gpu-smoke/wheels --target "$SITE" \
-      --upgrade $NEED packaging pyyaml regex tqdm filelock fsspec huggingface-hub hf-xet safetensors tokenizers \
-      jinja2 markupsafe typer click rich shellingham 2>&1 | tail -5 \
+    PKGS=$(echo $NEED packaging pyyaml regex tqdm filelock fsspec huggingface-hub hf-xet safetensors tokenizers \
+      jinja2 markupsafe typer click rich shellingham httpx httpcore h11 anyio idna certifi sniffio \
+      typing-extensions annotated-doc markdown-it-py mdurl pygments | tr 'A-Z ' 'a-z\n' | sort -u | tr '\n' ' ')
+    "$PY" -m pip --disable-pip-version-check -q install --no-index --no-deps --find-links .gpu-smoke/wheels \
+      --target "$SITE" --upgrade $PKGS 2>&1 | tail -5 \
       || echo "gpu_smoke: installing the wheels failed; the env section will say what is missing" >&2
   else
     echo "gpu_smoke: no wheels in .gpu-smoke/wheels; the env section will say what is missing" >&2
