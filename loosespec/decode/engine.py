@@ -293,6 +293,7 @@ class Engine:
         draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
         if cfg.drafter in ("model", "mla") and self.draft_lm is None:
             raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
+        self._check_rollback(cfg)
         tli = self.bridge is not None and cfg.drafter in ("model", "mla") and self._needs_draft_probs(cfg, sampling)
         if tli:  # rejection sampling across vocabularies: draft inside the shared vocabulary (bridge.py)
             draft_sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k,
@@ -320,6 +321,20 @@ class Engine:
             # which no per-round estimate describes: they keep K
             drafter = self._cost_aware(drafter, cfg)
         return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator), generator
+
+    def _check_rollback(self, cfg: DecodeConfig) -> None:
+        """Speculation rolls caches back (rejected drafts): refuse it up front for a model whose cache cannot
+        be (loosespec.decode.kv), instead of failing at the first rejection."""
+        if cfg.drafter is None and cfg.method != "specguard":
+            return  # ar: the cache only grows
+        lms = [(self.target, self.target_lm)]
+        if cfg.drafter in ("model", "mla") or cfg.method == "specguard":
+            lms.append((self.draft, self.draft_lm))
+        for loaded, lm in lms:
+            problem = lm.rollback_problem
+            if problem:
+                raise LoosespecError(f"method '{cfg.method}' cannot run on '{loaded.name}': {problem}; "
+                                     "method 'ar' can (it never rolls back)")
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves."""

@@ -4,6 +4,25 @@ Every forward goes through :meth:`CachedLM.logits`: it compares the ids the cach
 sequence asked for, rolls the cache back to their common prefix (:func:`rollback`, the only place
 in loosespec that shortens a cache), and feeds the rest. Callers never crop caches themselves: a
 rejected draft is simply not part of the next sequence they ask for.
+
+Rolling back, layer type by layer type (transformers' ``cache_utils``):
+
+- full attention (``DynamicLayer``, DSA's ``DynamicIndexedLayer``) and layers without a cache
+  (``DummyLayer``): ``crop`` drops the last positions.
+- sliding-window and chunked attention (``DynamicSlidingWindowLayer``: Gemma 2/3, Mistral, Llama 4,
+  ...). Left alone, such a layer keeps only the last ``window - 1`` positions, and transformers'
+  ``crop`` refuses once the window is full: the positions before a rolled-back draft that the next
+  forward attends to are gone. Here the layer records its past (``activate_past_recording``: a
+  forward keeps everything it adds, and its queries still see only the last ``window - 1``
+  positions before them), and :func:`rollback`, before every forward, cuts it back to its last
+  ``window - 1 + ROLLBACK_MARGIN`` positions: memory stays bounded by the window, and a rollback of
+  up to ``ROLLBACK_MARGIN`` positions (a rejected draft, an MLA candidate, a SpecGuard step of the
+  default 128 tokens) finds what it needs. A deeper one recomputes the sequence from scratch
+  (``CachedLM.recomputes`` counts them): slower, never wrong.
+- anything else (linear-attention / state-space layers, whose recurrent state cannot be rewound;
+  quantized and model-specific layers): :attr:`CachedLM.rollback_problem` says so, and the engine
+  refuses speculative methods for that model with a :class:`~loosespec.errors.LoosespecError`
+  before the first forward (``ar`` never rolls back and still runs).
 """
 
 from __future__ import annotations
@@ -22,11 +41,72 @@ def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(diff[0, 0]) if diff.numel() else n
 
 
-def rollback(cache, keep: int) -> None:
-    """Shorten ``cache`` to its first ``keep`` positions. The one KV-rollback site."""
-    excess = cache.get_seq_length() - keep
-    if excess > 0:
-        cache.crop(-excess)  # transformers >= 5.2x: a negative count of positions to drop
+ROLLBACK_MARGIN = 256  # positions a sliding-window layer keeps beyond its window, for rollbacks
+
+
+def _layer_kinds():
+    from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    # exact classes: a subclass (hybrid linear-attention layers, quantized layers) has state of its own
+    return (DynamicLayer, DynamicIndexedLayer, DummyLayer), DynamicSlidingWindowLayer
+
+
+def rollback_problem(cache) -> str | None:
+    """Why :func:`rollback` cannot shorten ``cache``, or None when it can (every layer of a known kind)."""
+    croppable, sliding = _layer_kinds()
+    bad = sorted({type(layer).__name__ for layer in cache.layers
+                  if type(layer) not in croppable and type(layer) is not sliding})
+    if not bad:
+        return None
+    return (f"its cache has {', '.join(bad)} layers, which loosespec cannot roll back (it rolls back attention "
+            "layers only: full, sliding-window, chunked; a linear-attention, convolutional or state-space layer keeps "
+            "a running state, not one entry per position)")
+
+
+def _window_fits(layer, excess: int) -> bool:
+    """Whether a past-recording ``DynamicSlidingWindowLayer`` without its last ``excess`` positions still
+    holds the ``window - 1`` positions before its new end that the next forward attends to."""
+    if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+        return True
+    held, end = layer.keys.shape[-2], layer.cumulative_length  # it holds positions [end - held, end)
+    return held - excess >= min(end - excess, layer.sliding_window - 1)
+
+
+def _window_crop(layer, excess: int, margin: int) -> None:
+    """Drop the last ``excess`` positions of a sliding-window layer (:func:`_window_fits`) and trim it
+    to its last ``window - 1 + margin``."""
+    if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+        return
+    stop = layer.keys.shape[-2] - excess
+    start = max(0, stop - (layer.sliding_window - 1 + margin))
+    if start or excess:
+        layer.keys = layer.keys[..., start:stop, :]
+        layer.values = layer.values[..., start:stop, :]
+        layer.cumulative_length -= excess
+
+
+def rollback(cache, keep: int, margin: int = ROLLBACK_MARGIN) -> bool:
+    """Shorten ``cache`` to its first ``keep`` positions. The one KV-rollback site (module docstring).
+
+    Called before every forward, also with nothing to drop (``keep`` = the cached length), which
+    trims the sliding-window layers. False, with the cache unchanged, when a sliding-window layer no
+    longer holds what the shortened cache needs: the caller recomputes from scratch.
+    """
+    _, sliding = _layer_kinds()
+    excess = max(cache.get_seq_length() - keep, 0)
+    windows = [layer for layer in cache.layers if type(layer) is sliding]
+    if excess:
+        problem = rollback_problem(cache)
+        if problem:
+            raise LoosespecError(f"cannot roll back the KV cache: {problem}")
+        if not all(_window_fits(layer, excess) for layer in windows):  # all or nothing
+            return False
+    for layer in cache.layers:
+        if type(layer) is sliding:
+            _window_crop(layer, excess, margin)
+        elif excess:
+            layer.crop(-excess)  # transformers >= 5.2x: a negative count of positions to drop
+    return True
 
 
 class CachedLM:
@@ -39,13 +119,24 @@ class CachedLM:
         self.forwards = 0
         self.cost = None  # a loosespec.cost.CostCurve: when set, every forward adds its modelled seconds
         self.modelled_s = 0.0
+        self.margin = ROLLBACK_MARGIN
+        self.recomputes = 0  # rollbacks too deep for a sliding-window layer, recomputed from scratch
         self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        _, sliding = _layer_kinds()
+        for layer in self.cache.layers:
+            if type(layer) is sliding:
+                layer.activate_past_recording()  # keep what a rollback needs; rollback() trims (module docstring)
         self.ids = torch.empty(0, dtype=torch.long)  # [cache length] on the CPU
+
+    @property
+    def rollback_problem(self) -> str | None:
+        """Why this model's cache cannot be rolled back (speculative methods need it), or None."""
+        return rollback_problem(self.cache)
 
     def prefill(self, seq: torch.Tensor) -> None:
         """Make the cache hold ``seq`` (one forward over what it lacks; nothing when it holds it)."""
@@ -75,7 +166,10 @@ class CachedLM:
                 f"sequence of {seq.shape[0]} tokens exceeds the model's context of {self.max_positions}"
             )
         keep = min(common_prefix_len(self.ids, seq), seq.shape[0] - rows)
-        rollback(self.cache, keep)
+        if not rollback(self.cache, keep, self.margin):  # deeper than a sliding window's margin
+            self.reset()
+            self.recomputes += 1
+            keep = 0
         new = seq[keep:].unsqueeze(0).to(self.device)  # [1, L - keep]
         try:
             out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=rows,
