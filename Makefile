@@ -24,7 +24,7 @@ setup: $(STAMP)
 test: setup
 	$(BIN)/loosespec models pull smollm2-135m-instruct
 	$(BIN)/loosespec models pull gemma-3-270m
-	$(BIN)/python -m pytest -q -m "not default_pair and not vllm"
+	$(BIN)/python -m pytest -q -m "not default_pair and not vllm and not slow"
 
 # everything, including the tests on the default Qwen pair (slow on a CPU; prepares ~11 GB)
 test-full: setup

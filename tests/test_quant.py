@@ -85,7 +85,7 @@ def test_torn_cache_is_rebuilt(tiny_dir, tmp_path):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("drafter", ["ngram", "model"])
+@pytest.mark.parametrize("drafter", ["ngram", pytest.param("model", marks=pytest.mark.slow)])
 def test_smollm_int8_exact_equals_ar(drafter, tmp_path, monkeypatch):
     """End to end on a real model in int8: lossless stays lossless within the precision."""
     from loosespec.config import DecodeConfig

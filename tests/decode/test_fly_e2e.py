@@ -49,7 +49,7 @@ def test_fly_sampling_seeded(tiny_engine, variant):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("drafter", ["ngram", "mla"])
+@pytest.mark.parametrize("drafter", ["ngram", pytest.param("mla", marks=pytest.mark.slow)])
 def test_closed_gate_equals_exact_smollm(smol_engine, drafter):
     prompt = "Write a Python function that returns the squares of a list of numbers."
     kw = dict(max_new_tokens=48, adaptive_draft_length=False)

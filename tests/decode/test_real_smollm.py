@@ -47,6 +47,7 @@ def test_ends_at_end_of_turn(smol_engine):
     assert len(r.token_ids) < 64
 
 
+@pytest.mark.slow  # converts a GGUF again; make test's model pull already converts one
 def test_gguf_file_spec_converts_once_and_loads(tmp_path, monkeypatch):
     """A user's own .gguf file: converted to safetensors in the cache on first use, then reused."""
     from loosespec import models

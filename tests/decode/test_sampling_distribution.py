@@ -201,7 +201,11 @@ CASES = {  # name: (engine fixture, drafter, sampling knobs)
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+SLOW_CASES = {"tli-mla", "model-T0.7-top-k-6"}  # make test-full; make test keeps one case per drafter and TLI
+SLOW_CONTROLS = {"shared-uniform-tli-model", "perturbed-q-mla"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES])
 def test_first_tokens_are_distributed_as_plain_sampling(case, request, monkeypatch):
     fixture, drafter, knobs = CASES[case]
     engine = request.getfixturevalue(fixture)
@@ -252,7 +256,8 @@ CONTROLS = {  # name: (fault, case)
 }
 
 
-@pytest.mark.parametrize("control", list(CONTROLS))
+@pytest.mark.parametrize("control", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CONTROLS else c
+                                     for c in CONTROLS])
 def test_the_distribution_test_detects_a_fault(control, request, monkeypatch):
     fault, case = CONTROLS[control]
     fixture, drafter, knobs = CASES[case]

@@ -304,6 +304,7 @@ def _stream_chat(url: str, body: dict) -> tuple[str, dict, str]:
 
 
 @pytest.mark.real_model
+@pytest.mark.slow  # the tiny-model server tests run concurrent streams in make test
 def test_load_16_concurrent_streams(smol):
     subjects = ["cats", "rivers", "bread", "stars", "trains", "chess", "tea", "snow", "bees", "maps", "glass",
                 "wind", "salt", "owls", "clocks", "paper"]
