@@ -32,6 +32,7 @@ from loosespec.decode.stats import Stats
 from loosespec.drafters.base import Draft
 from loosespec.models import LoadedModel, ModelSource
 from loosespec.verify import SamplingParams, logits_to_probs
+from conftest import perturbed_copy
 
 TARGET_CHARS = "abcdef"  # target vocabulary: <s> </s> a..f (8 tokens)
 DRAFT_CHARS = "fhgdce"  # another vocabulary (order and letters): shares c d e f with the target
@@ -68,18 +69,6 @@ def tiny_model(vocab: int, seed: int, scale: float):
     return model
 
 
-def noisy(model, noise: float, seed: int):
-    """A draft close to ``model`` but not equal (noise relative to each tensor's spread)."""
-    import copy
-
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std() * noise)
-    return draft
-
-
 def loaded(model, tok, name):
     return LoadedModel(ModelSource(name, "local", name, "local"), model, tok)
 
@@ -101,7 +90,7 @@ def target():
 def same_vocab(target):
     """Target and a draft of the same tokenizer (a noisy copy)."""
     tok = tiny_tokenizer(TARGET_CHARS)
-    return Engine(loaded(target, tok, "target"), loaded(noisy(target, 0.3, seed=1), tok, "draft"))
+    return Engine(loaded(target, tok, "target"), loaded(perturbed_copy(target, 0.3, seed=1), tok, "draft"))
 
 
 @pytest.fixture(scope="module")
