@@ -1,27 +1,23 @@
 """Prompt lookup decoding (PLD): propose the tokens that followed an earlier copy of the suffix.
 
-For ``n = max_ngram .. min_ngram``, scan the windows of ``n`` tokens left to right and take the
-first one equal to the sequence's last ``n`` tokens that ends before that suffix begins, as the
-original PLD (Saxena 2023, the function FLy's official code uses) does: a window that overlaps or
-touches the suffix is the suffix sliding over itself. Propose up to ``num_tokens`` of the tokens
-that follow it. No match: an empty draft (the round degrades to one plain target step; no filler
-is invented). A proposal stops at the first end-of-sequence token it contains (that token
-included, nothing after it).
+The search is the original PLD's (Saxena 2023, the function FLy's official code uses): for
+``n = max_ngram .. min_ngram``, scan the windows of ``n`` tokens left to right and take the first
+one equal to the sequence's last ``n`` tokens that (a) ends before that suffix begins (a window
+that overlaps or touches the suffix is the suffix sliding over itself) and (b) is followed by a
+full ``num_tokens`` tokens; propose those tokens. No match: an empty draft (the round degrades to
+one plain target step; no filler is invented). A proposal stops at the first end-of-sequence
+token it contains (that token included, nothing after it).
 
-One departure from PLD, as transformers' ``prompt_lookup_num_tokens`` does: a match followed by
-fewer than ``num_tokens`` tokens proposes what there is, where PLD skips it. PLD asks a fixed 10;
-here ``num_tokens`` is the round's draft length (up to FLy's K = 15, chosen per round by the
-cost-aware draft length), and requiring that many leaves no draft where the copy is recent (a line
-the output repeats): with PLD's rule, FLy with lookup accepted exactly as much as exact matching on
-the default pair's two test prompts (mean accepted length 2.016 both,
-``tests/decode/test_default_pair.py::test_fly_accepts_more_than_exact``).
+Where this departs from transformers' ``prompt_lookup_num_tokens`` (and vLLM's n-gram
+proposer): they accept a match with fewer than ``num_tokens`` tokens after it (clipped at the
+end of the sequence) and windows that overlap the suffix. For ``[7, 1, 2, 1, 2, 1, 2]`` with
+max_ngram 3 and 4 tokens wanted, transformers proposes ``[1, 2]`` (the 3-gram ``[2, 1, 2]``
+overlapping the suffix), PLD and this function ``[1, 2, 1, 2]`` (the 2-gram ``[1, 2]`` at 1). FLy's
+accepted lengths were measured with PLD's search, so that is the one here.
 
-For ``[7, 1, 2, 1, 2, 1, 2]`` with max_ngram 3 and 4 tokens wanted, transformers proposes
-``[1, 2]`` (the 3-gram ``[2, 1, 2]`` overlapping the suffix), PLD and this function ``[1, 2, 1, 2]``
-(the 2-gram ``[1, 2]`` at 1).
-
-Example: ``seq = [1, 2, 3, 4, 2, 3]``, max_ngram 3: ``[4, 2, 3]`` has no earlier copy; ``[2, 3]``
-occurs at position 1, followed by ``[4, 2, 3]`` -> proposal ``[4, 2, 3]`` (num_tokens >= 3).
+Example: ``seq = [1, 2, 3, 4, 2, 3]``, max_ngram 3, 3 tokens wanted: ``[4, 2, 3]`` has no earlier
+copy; ``[2, 3]`` occurs at position 1, followed by ``[4, 2, 3]`` -> proposal ``[4, 2, 3]``. With 10
+tokens wanted there is no full continuation, so no proposal.
 """
 
 from __future__ import annotations
@@ -40,12 +36,14 @@ def ngram_lookup(
     min_ngram: int = 1,
     stop_ids: Collection[int] = (),
 ) -> torch.Tensor:
-    """Up to ``num_tokens`` tokens after the first earlier copy of the longest suffix n-gram (PLD's windows)."""
+    """PLD's proposal: the ``num_tokens`` tokens after the first earlier copy of the longest suffix n-gram."""
     length = seq.shape[0]
     if num_tokens <= 0:
         return seq[:0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        last = length - 2 * n - 1  # a window at i qualifies when it ends before the suffix: i + n < length - n
+        # a window at i qualifies when it ends before the suffix (i + n < length - n) and is followed
+        # by num_tokens tokens (i + n + num_tokens <= length)
+        last = min(length - 2 * n - 1, length - n - num_tokens)
         if last < 0:
             continue
         windows = seq[: last + n].unfold(0, n, 1)  # [last + 1, n]: windows starting at 0 .. last

@@ -12,8 +12,8 @@ def look(seq, max_ngram=3, num_tokens=10, min_ngram=1, stop_ids=()):
 
 def test_docstring_example():
     assert look([1, 2, 3, 4, 2, 3], num_tokens=3) == [4, 2, 3]
-    # fewer tokens than asked follow [2, 3]: what there is (PLD would skip the match, transformers clips it)
-    assert look([1, 2, 3, 4, 2, 3], num_tokens=10) == [4, 2, 3]
+    # PLD asks for a full continuation: 10 tokens are not there after [2, 3]
+    assert look([1, 2, 3, 4, 2, 3], num_tokens=10) == []
 
 
 def test_windows_that_overlap_the_suffix_are_not_matches():
@@ -24,15 +24,15 @@ def test_windows_that_overlap_the_suffix_are_not_matches():
 
 
 @pytest.mark.parametrize("seq,max_ngram,num_tokens,expected", [
-    # the first window that ends before the suffix, longest n first
+    # official-code cases: the first window passing both conditions, longest n first
     ([1, 2, 3, 1, 2], 3, 3, [3, 1, 2]),          # [1, 2] at 0 ends before the suffix, 3 tokens follow it
-    ([1, 2, 3, 1, 2], 3, 4, [3, 1, 2]),          # ... and no more than 3 when 4 are asked
+    ([1, 2, 3, 1, 2], 3, 4, []),                 # ... but not 4
     ([1, 2, 3, 4, 1, 2], 3, 2, [3, 4]),
-    ([1, 2, 3, 4, 1, 2], 3, 5, [3, 4, 1, 2]),    # clipped at the end of the sequence
+    ([1, 2, 3, 4, 1, 2], 3, 5, []),              # a full continuation of 5 is not there
     ([1, 2, 1, 2, 1, 2, 1, 2], 2, 2, [1, 2]),     # [1, 2] at 0 ends before the suffix at 6
     ([9, 1, 9, 1, 9, 1], 3, 2, [9, 1]),          # no 3-gram ends before the suffix; [9, 1] at 0 does
 ])
-def test_pld_window_cases(seq, max_ngram, num_tokens, expected):
+def test_official_pld_cases(seq, max_ngram, num_tokens, expected):
     assert look(seq, max_ngram=max_ngram, num_tokens=num_tokens) == expected
 
 
