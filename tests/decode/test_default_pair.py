@@ -12,6 +12,11 @@ PROMPTS = [
     "Explain in two sentences what a KV cache is.",
 ]
 
+COPY_PROMPT = ("Add type hints and a docstring to this function and return the whole function:\n\n```python\n"
+               "def longest_common_prefix(strings):\n    if not strings:\n        return ''\n    prefix = strings[0]\n"
+               "    for s in strings[1:]:\n        while not s.startswith(prefix):\n            prefix = prefix[:-1]\n"
+               "            if not prefix:\n                return ''\n    return prefix\n```")
+
 
 @pytest.fixture(scope="module")
 def qwen_engine():
@@ -25,9 +30,12 @@ def qwen_engine():
 def test_fly_accepts_more_than_exact(qwen_engine, drafter):
     """FLy loosens exact verification: on these prompts it accepts strictly longer runs. ``>=`` would also
     pass a FLy that never defers a mismatch (then it is exact verification)."""
+    # K every round (the cost-aware length may choose drafts shorter than W + 1 on this hardware, and those cannot
+    # defer); prompt lookup needs something to copy: on PROMPTS alone its drafts stay too short to defer
+    # (FLy and exact both 2.075 with ngram)
     exact_tau = fly_tau = 0.0
-    for p in PROMPTS:
-        kw = dict(num_draft_tokens=15, max_new_tokens=64, has_draft_model=True)
+    for p in PROMPTS + ([COPY_PROMPT] if drafter == "ngram" else []):
+        kw = dict(num_draft_tokens=15, max_new_tokens=64, has_draft_model=True, adaptive_draft_length=False)
         exact_tau += qwen_engine.generate(p, DecodeConfig.create("exact", drafter, **kw)).stats.mean_accepted_length
         fly_tau += qwen_engine.generate(p, DecodeConfig.create("fly", drafter, **kw)).stats.mean_accepted_length
     assert fly_tau > exact_tau
