@@ -224,6 +224,9 @@ def calibrate_specguard(engine, problems, cfg: DecodeConfig, accept_rate: float 
                 f.write(json.dumps(done[p.id]) + "\n")
                 f.flush()
     steps = [{"problem": p.id, **s} for p in problems if p.id in done for s in done[p.id]["steps"]]
+    for s in steps:  # resumed records were labelled with the margin of their run: label all with this one
+        if s.get("preference_gap") is not None:
+            s["target_prefers"] = s["preference_gap"] >= -margin
     scores = [s["score"] for s in steps]
     labels = [bool(s["agrees"]) for s in steps]
     return {

@@ -94,3 +94,6 @@ def test_calibrate_on_the_tiny_pair_labels_every_step_and_resumes(tiny_engine, t
     monkeypatch.setattr(tiny_engine, "generate", lambda *a, **k: pytest.fail("a finished problem ran again"))
     again = calibrate_specguard(tiny_engine, problems, cfg, progress=False, steps_file=steps_file)
     assert again["analysis"] == report["analysis"]
+    # a resumed run with another margin labels the old records with the new one
+    wide = calibrate_specguard(tiny_engine, problems, cfg, progress=False, steps_file=steps_file, margin=1e9)
+    assert all(s["target_prefers"] for s in wide["steps"] if s["preference_gap"] is not None)
