@@ -68,7 +68,7 @@ bench-specguard: setup
 # benchmark reads it), at the precision chosen for this machine; resumable (step records in
 # results/calibration/specguard.steps.jsonl), table in results/calibration/specguard.md.
 # CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files.
-CAL_N ?= 40
+CAL_N ?= 50
 CAL_SELECT ?= embedding
 calibrate-specguard: setup
 	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(CAL_N) --sg-select $(CAL_SELECT) \

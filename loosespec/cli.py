@@ -242,7 +242,7 @@ _DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the
 
 @app.command()
 @knob_options("drafter", "max_new_tokens", "seed", "sg_candidates", "sg_temperature", "sg_beta", "sg_delimiter",
-              "sg_embedder")
+              "sg_embedder", "sg_select", "sg_batch_candidates")
 def calibrate(
     method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),  # (not a knob): only specguard has a threshold
     dataset: str = typer.Option("gsm8k-train", help="Set to calibrate on: gsm8k-train (GSM8K's train split, which "

@@ -156,3 +156,33 @@ def test_adding_a_knob_is_one_edit(tmp_path):
     assert out["generate"] == [["--fly-dummy"]] and out["serve"] == [["--fly-dummy"]]
     assert out["server_refuses_10"] and out["server_takes_3"]
     assert out["vllm_default"] == 7 and out["vllm_env"] == 2 and out["env"] == "4"
+
+
+def test_every_flag_the_makefile_passes_exists():
+    """A Makefile target that passes an option its command lacks fails only when someone runs it (the
+    calibration target once passed --sg-select, which `calibrate` did not have)."""
+    import re
+    from pathlib import Path
+
+    import click
+    import typer
+
+    from loosespec.cli import app
+
+    text = Path(__file__).resolve().parents[1].joinpath("Makefile").read_text().replace("\\\n", " ")
+    variables = dict(re.findall(r"^([A-Z_]+)\s*[?:]?=\s*(.*)$", text, flags=re.M))
+    root = typer.main.get_command(app)
+    checked = 0
+    for line in re.findall(r"\$\(BIN\)/loosespec (.*)", text):
+        for _ in range(3):  # expand $(VAR) of the Makefile's own variables
+            line = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), ""), line)
+        words = re.split(r"\s(?:\|\||&&|&|;|\|)\s|;", line)[0].split()  # this command only
+        cmd = root.commands[words[0]]
+        if isinstance(cmd, click.Group):
+            cmd = cmd.commands[words[1]]
+        known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for w in words:
+            if re.fullmatch(r"--[a-z][a-z0-9-]*", w):
+                assert w in known, f"Makefile passes {w} to `loosespec {words[0]}`, which has no such option"
+                checked += 1
+    assert checked > 30
