@@ -426,6 +426,48 @@ def syncs_section(rec: dict, dirs: dict, device, max_new_tokens: int) -> None:
                                                  "k": k, "tokens_per_s": round(r.stats.tokens_per_s, 1)}
 
 
+def static_compile_section(rec: dict, dirs: dict, device, max_new_tokens: int) -> None:
+    """Issue 22, 5: the dynamic cache against the static cache and the compiled fixed-shape forwards (CUDA
+    graphs on a GPU), on the self-draft pair: tokens/s, the first (compiling) run's time, same tokens.
+    On the CPU the compiled path runs dynamo's tracing only (backend eager): inductor takes minutes here."""
+    import time
+
+    from loosespec import DecodeConfig
+    from loosespec.decode.engine import Engine
+    from loosespec.decode.kv import StaticCachedLM
+
+    dtype = dtypes_for(device)[0]
+    engines = {"dynamic": Engine.load(str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtype, device=str(device),
+                                      progress=False)}
+    base = engines["dynamic"]
+    engines["static"] = Engine(base.target, base.draft, cache_implementation="static", max_cache_len=2048)
+    compiled = Engine(base.target, base.draft, cache_implementation="static", max_cache_len=2048)
+    backend = "inductor" if device.type == "cuda" else "eager"
+    compiled.compile = True
+    compiled.target_lm = StaticCachedLM(base.target.model, 2048, compile=True, compile_backend=backend)
+    compiled.draft_lm = StaticCachedLM(base.draft.model, 2048, compile=True, compile_backend=backend)
+    engines["static-compiled"] = compiled
+    rec.update(dtype=dtype, compile_backend=backend)
+    for method, drafter, k in (("ar", None, None), ("exact", "model", 15)):
+        label = f"{method}-{drafter or 'none'}"
+        tokens, row = {}, {}
+        for name, engine in engines.items():
+            t0 = time.perf_counter()
+            run_one(engine, method, drafter, 0.0, {"num_draft_tokens": k} if k else {}, max_new_tokens)  # compiles
+            first = time.perf_counter() - t0
+            cfg = DecodeConfig.create(method, drafter, num_draft_tokens=k, has_draft_model=True,
+                                      max_new_tokens=max_new_tokens, adaptive_draft_length=False)
+            r = engine.generate(PROMPT, cfg, raw=True)
+            tokens[name] = r.token_ids
+            row[name] = {"tokens_per_s": round(r.stats.tokens_per_s, 1), "first_run_s": round(first, 1),
+                         "compiled_forwards": getattr(engine.target_lm, "compiled_forwards", None)}
+        row["same_tokens"] = {n: tokens[n] == tokens["dynamic"] for n in tokens if n != "dynamic"}
+        row["speedup_compiled_over_dynamic"] = round(row["static-compiled"]["tokens_per_s"] /
+                                                     max(row["dynamic"]["tokens_per_s"], 1e-9), 2)
+        rec[label] = row
+    rec["ok"] = all(all(r["same_tokens"].values()) for key, r in rec.items() if isinstance(r, dict) and "same_tokens" in r)
+
+
 def peak_memory_section(rec: dict, dirs: dict, device, prompt_tokens: int) -> None:
     import torch
 
@@ -539,7 +581,8 @@ def run(args) -> int:
             plan = [("matrix", 90, lambda r: matrix_section(r, dirs, device, args.max_new_tokens, budget)),
                     ("rule_cost", 30, lambda r: rule_cost_section(r, dirs, device, args.size)),
                     ("syncs", 20, lambda r: syncs_section(r, dirs, device, args.max_new_tokens)),
-                    ("peak_memory", 20, lambda r: peak_memory_section(r, dirs, device, args.long_prompt))]
+                    ("peak_memory", 20, lambda r: peak_memory_section(r, dirs, device, args.long_prompt)),
+                    ("static_compile", 150, lambda r: static_compile_section(r, dirs, device, args.max_new_tokens))]
             for name, need, fn in plan:
                 if name in skip:
                     continue

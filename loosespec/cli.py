@@ -31,6 +31,12 @@ app.add_typer(models_app, name="models")
 
 _DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere) and on CPUs "
                "with amx_bf16/avx512_bf16; on other x86 CPUs float32 with int8 Linear layers (see --quantize)")
+_CACHE_HELP = ("dynamic | static (transformers' cache_implementation). static: the KV cache preallocated at "
+               "--max-cache-len positions, rolled back in place (full-attention models; not specguard); needed by "
+               "--compile")
+_COMPILE_HELP = ("torch.compile the draft steps and verifies on the static cache, padded to fixed lengths (CUDA "
+                 "graphs on a GPU). Off by default: compiling costs minutes on a CPU, and GPUs are yet to be measured "
+                 "(docs/gpu.md)")
 _QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
                   "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
                   "bfloat16 arithmetic on the CPU")
@@ -170,6 +176,9 @@ def generate(
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
+    max_cache_len: int = typer.Option(8192, min=1, help="Positions of the static cache (prompt + new tokens + 32)."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
     compare_ar: bool = typer.Option(False, "--compare-ar",
@@ -194,7 +203,8 @@ def generate(
                               **kw)
     if draft_spec is None and cfg.drafter in ("model", "mla"):  # fail before loading anything
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
-    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize)
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize,
+                         cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -331,6 +341,8 @@ def bench(
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
     lang: Optional[str] = typer.Option(None, help="mgsm: language code(s), comma-separated (e.g. en,de)."),
     category: Optional[str] = typer.Option(None, help="specbench: one task type (mt_bench, translation, "
                                            "summarization, qa, math_reasoning, rag); default all six."),
@@ -410,6 +422,13 @@ def bench(
                           seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
     if vllm_concurrency > 1:  # a different measurement: it gets its own directory
         config["vllm_concurrency"] = vllm_concurrency
+    from loosespec.decode.engine import check_cache_options
+
+    check_cache_options(cache_implementation, compile)
+    if cache_implementation != "dynamic":  # recorded when not the default: the runs before it stay resumable
+        if any(m.startswith("specguard") for m in method_list):
+            raise LoosespecError("specguard methods need --cache-implementation dynamic")
+        config.update(cache_implementation=cache_implementation, compile=compile)
     out.mkdir(parents=True, exist_ok=True)
     B.check_config(out, config)
     rows = B.ResultsFile(out / B.RESULTS).read()
@@ -418,7 +437,8 @@ def bench(
         from loosespec.decode.engine import Engine
         from loosespec.decode.text import encode_prompt
 
-        engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize)
+        engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize,
+                             cache_implementation=cache_implementation, compile=compile)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))

@@ -153,3 +153,18 @@ def test_models_cost_measures_once_then_reads_the_cache(tiny_dir, tmp_path):
     assert "| 4 |" in table.stdout and "c(n)/c(1)" in table.stdout
     assert_one_line_error(subprocess.run(args[:-6] + ["--max-n", "0"], capture_output=True, text=True, env=env),
                           "--max-n")
+
+
+def test_static_cache_from_the_cli_generates_what_the_dynamic_cache_does(tiny_dir, tmp_path):
+    common = ["generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
+              "--draft", str(tiny_dir / "draft"), "--max-new-tokens", "24", "def f(x):\n"]
+    dynamic, static = cli(*common), cli(*common, "--cache-implementation", "static", "--max-cache-len", "256")
+    assert dynamic.returncode == 0 and static.returncode == 0, static.stderr
+    d, s = json.loads(dynamic.stdout), json.loads(static.stdout)
+    assert s["token_ids"] == d["token_ids"] and s["config"]["cache_implementation"] == "static"
+    assert_one_line_error(cli(*common, "--compile"), "compile needs cache_implementation 'static'")
+    assert_one_line_error(cli(*common, "--cache-implementation", "paged"), "'dynamic' or 'static'")
+    p = cli("bench", "--dataset", "gsm8k", "--limit", "1", "--methods", "specguard", "--target",
+            str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--cache-implementation", "static",
+            "--out", str(tmp_path / "b"))
+    assert_one_line_error(p, "specguard methods need --cache-implementation dynamic")

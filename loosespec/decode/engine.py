@@ -20,7 +20,7 @@ from loosespec.config import DecodeConfig
 from loosespec.drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
 from loosespec.drafters.base import EMPTY_DRAFT
 from loosespec.errors import LoosespecError
-from loosespec.decode.kv import CachedLM
+from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
 from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
 from loosespec.decode.stats import Stats
@@ -213,6 +213,14 @@ class Generation:
         return GenerationResult(a.text, list(a.token_ids), self.finish_reason, self.stats, self.config)
 
 
+def check_cache_options(cache_implementation: str, compile: bool) -> None:
+    """Refuse a cache implementation loosespec lacks, and ``compile`` without the static cache."""
+    if cache_implementation not in ("dynamic", "static"):
+        raise LoosespecError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
+    if compile and cache_implementation != "static":
+        raise LoosespecError("compile needs cache_implementation 'static' (fixed shapes and tensor addresses)")
+
+
 def _output_rows(model) -> int:
     """Rows of the output embedding (the logits' width): an ``nn.Linear`` or loosespec's int8 layer."""
     head = model.get_output_embeddings()
@@ -227,15 +235,30 @@ class Engine:
     >>> print(eng.generate("Write a haiku about caches.", cfg).text)
     """
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, cache_implementation: str = "dynamic",
+                 compile: bool = False, max_cache_len: int = DEFAULT_MAX_CACHE_LEN):
+        """``cache_implementation`` (transformers' name): ``dynamic`` (a growing ``DynamicCache``) or
+        ``static`` (preallocated at ``max_cache_len`` positions, full-attention models; SpecGuard needs
+        ``dynamic``); ``compile``: ``torch.compile`` the fixed-shape forwards on the static cache, CUDA
+        graphs on a GPU (:class:`~loosespec.decode.kv.StaticCachedLM`). Off by default: on a CPU compiling
+        costs minutes and buys little; a GPU run measures it (``docs/gpu.md``)."""
+        check_cache_options(cache_implementation, compile)
+        self.cache_implementation, self.compile = cache_implementation, compile
+        self.max_cache_len = max_cache_len
+
+        def lm(model):
+            if cache_implementation == "static":
+                return StaticCachedLM(model, max_cache_len, compile)
+            return CachedLM(model)
+
         # a draft with another vocabulary drafts through text, or samples in the shared vocabulary (loosespec.drafters.bridge)
         self.bridge = (TokenizerBridge(target.tokenizer, draft.tokenizer)
                        if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer) else None)
         self.target = target
         self.draft = draft
         self.tokenizer = target.tokenizer
-        self.target_lm = CachedLM(target.model)
-        self.draft_lm = CachedLM(draft.model) if draft is not None else None
+        self.target_lm = lm(target.model)
+        self.draft_lm = lm(draft.model) if draft is not None else None
         self.device = self.target_lm.device
         self.stop_ids = end_token_ids(target.model, target.tokenizer)
         self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
@@ -246,12 +269,16 @@ class Engine:
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
-             device: str = "auto", progress: bool = True, quantize: str = "auto") -> "Engine":
+             device: str = "auto", progress: bool = True, quantize: str = "auto",
+             cache_implementation: str = "dynamic", compile: bool = False,
+             max_cache_len: int = DEFAULT_MAX_CACHE_LEN) -> "Engine":
         """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
-        (:func:`loosespec.hardware.resolve_precision`); the draft gets the same."""
+        (:func:`loosespec.hardware.resolve_precision`); the draft gets the same. The cache options:
+        :meth:`__init__`."""
+        check_cache_options(cache_implementation, compile)  # before loading anything
         t = load(target, dtype, device, progress, quantize)
         d = load(draft, dtype, str(t.model.device), progress, quantize) if draft not in (None, "none") else None
-        e = cls(t, d)
+        e = cls(t, d, cache_implementation, compile, max_cache_len)
         e.progress = progress
         return e
 
@@ -286,6 +313,9 @@ class Engine:
         For ``specguard`` these are the token-level drafter and rule of the target's steps.
         """
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        if cfg.method == "specguard" and self.cache_implementation != "dynamic":
+            raise LoosespecError("method 'specguard' needs cache_implementation 'dynamic': it copies the draft's "
+                                 "cache per step and grows it along a batch of candidates")
         if cfg.method == "specguard" and self.draft_lm is None:
             raise LoosespecError("method 'specguard' needs a draft model (--draft): it drafts whole steps with it")
         sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
@@ -394,7 +424,8 @@ class Engine:
 
         return {**cfg.to_dict(), "target": model_info(self.target), "draft": model_info(self.draft),
                 "precision": precision(self.target), "draft_precision": precision(self.draft),
-                "hardware": describe_device(self.device), "device": str(self.device), "raw": raw, "loosespec": __version__, "torch": torch.__version__,
+                "hardware": describe_device(self.device), "device": str(self.device), "raw": raw,
+                "cache_implementation": self.cache_implementation, "compile": self.compile, "loosespec": __version__, "torch": torch.__version__,
                 "transformers": transformers.__version__}
 
     def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:

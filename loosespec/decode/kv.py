@@ -182,3 +182,112 @@ class CachedLM:
         if self.cost is not None:
             self.modelled_s += self.cost(new.shape[1])
         return out
+
+
+STATIC_BUCKETS = (1, 2, 4, 8, 16, 32)  # fed lengths the compiled forward is specialised to (padded up to one)
+DEFAULT_MAX_CACHE_LEN = 8192
+
+
+class StaticCachedLM(CachedLM):
+    """A :class:`CachedLM` on a preallocated ``StaticCache``, with ``torch.compile``'d fixed-shape forwards
+    (``compile=True``). ``Engine.load(cache_implementation="static", compile=...)``; off by default.
+
+    Why: at batch 1 on a GPU a forward is mostly kernel launches, so a 0.5B draft costs nearly what
+    the 1.5B target does per forward. CUDA graphs (``torch.compile(mode="reduce-overhead")``) replay
+    a forward's launches at once, but need fixed shapes and fixed tensor addresses: a cache
+    allocated once at ``max_cache_len`` positions (transformers' ``StaticCache``) and a few fixed
+    fed lengths.
+
+    - Rolling back is setting the layers' length counters, in place (the tensors keep their
+      addresses): positions past the length are stale, never attended (a query attends to the
+      positions before it only), and overwritten by the next forward.
+    - With ``compile``, a forward of at most 32 new tokens after the prefill, asking for logits only,
+      is padded to the next of :data:`STATIC_BUCKETS` (a draft step: 1; a verify of K + 1 = 16
+      at K = 15: 16) and runs the compiled graph; the padded rows' logits are dropped and their
+      keys and values lie past the length. The prefill, longer feeds and forwards that return
+      hidden states or attentions run eagerly on the same cache.
+    - The padded forward rounds like a forward over the bucket's length, not the real one
+      (``docs/cpu-precision.md``, batch invariance): in a low precision a near-tie can flip against the
+      dynamic-cache path.
+    - Full-attention models only (every layer a ``StaticLayer``): a sliding-window static layer is a
+      ring buffer that cannot be rolled back; such a model is refused with the reason.
+
+    On a CPU compiling takes minutes per bucket and buys little (``docs/gpu.md``), so the flag stays
+    off by default; the GPU smoke run measures it. ``compile_backend`` is ``torch.compile``'s (tests
+    use ``eager``: dynamo's tracing and the padding, without inductor's minutes).
+    """
+
+    def __init__(self, model: torch.nn.Module, max_cache_len: int = DEFAULT_MAX_CACHE_LEN, compile: bool = False,
+                 compile_backend: str = "inductor"):
+        from transformers.cache_utils import StaticLayer
+
+        if max_cache_len < 1:
+            raise LoosespecError(f"max_cache_len must be >= 1, got {max_cache_len}")
+        self.max_cache_len = max_cache_len
+        self.cache = None
+        super().__init__(model)
+        kinds = sorted({type(layer).__name__ for layer in self.cache.layers if type(layer) is not StaticLayer})
+        if kinds:
+            raise LoosespecError(
+                f"cache_implementation 'static' needs full attention in every layer; this model's static cache has "
+                f"{', '.join(kinds)} layers, which loosespec cannot roll back in place: use cache_implementation "
+                "'dynamic'")
+        self.compiled_forwards = 0  # forwards that ran the compiled graph
+        self._compiled = None
+        if compile:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs where there are some
+            self._compiled = torch.compile(model.forward, backend=compile_backend,
+                                           mode=mode if compile_backend == "inductor" else None, dynamic=False)
+
+    def reset(self) -> None:
+        from transformers import StaticCache
+
+        if self.cache is None:  # allocated once (lazily, at the first forward): the addresses CUDA graphs keep
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
+        self._set_length(0)
+        self.ids = torch.empty(0, dtype=torch.long)
+
+    def _set_length(self, n: int) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(n)
+
+    @property
+    def rollback_problem(self) -> str | None:
+        return None  # every layer is a StaticLayer (checked when built)
+
+    @torch.inference_mode()
+    def forward(self, seq: torch.Tensor, rows: int, **outputs):
+        """As :meth:`CachedLM.forward`, on the static cache (the class docstring)."""
+        length = seq.shape[0]
+        if self.max_positions is not None and length > self.max_positions:
+            raise LoosespecError(f"sequence of {length} tokens exceeds the model's context of {self.max_positions}")
+        keep = min(common_prefix_len(self.ids, seq), length - rows)
+        n = length - keep
+        bucket = None
+        if self._compiled is not None and keep > 0 and not outputs:
+            bucket = next((b for b in STATIC_BUCKETS if b >= n and keep + b <= self.max_cache_len), None)
+        if keep + (bucket or n) > self.max_cache_len:
+            raise LoosespecError(f"sequence of {length} tokens exceeds the static cache's {self.max_cache_len} "
+                                 "positions: raise max_cache_len (--max-cache-len)")
+        self._set_length(keep)
+        new = seq[keep:]
+        try:
+            if bucket is None:
+                out = self.model(input_ids=new.unsqueeze(0).to(self.device), past_key_values=self.cache,
+                                 use_cache=True, logits_to_keep=rows, **outputs)
+            else:
+                fed = torch.cat([new, new.new_zeros(bucket - n)]) if bucket > n else new
+                out = self._compiled(input_ids=fed.unsqueeze(0).to(self.device), past_key_values=self.cache,
+                                     use_cache=True, logits_to_keep=bucket)
+                # a copy: a CUDA graph's next replay overwrites its output buffers
+                out.logits = out.logits[:, n - rows:n].clone()
+                self._set_length(keep + n)  # the padding is not part of the sequence
+                self.compiled_forwards += 1
+        except BaseException:
+            self.reset()  # lengths and contents no longer agree
+            raise
+        self.ids = seq
+        self.forwards += 1
+        if self.cost is not None:
+            self.modelled_s += self.cost(bucket or n)
+        return out
