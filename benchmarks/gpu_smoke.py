@@ -58,7 +58,8 @@ WHEELS = ("transformers", "tokenizers", "safetensors", "huggingface-hub", "hf-xe
 BINARY_WHEELS = ("regex", "pyyaml", "markupsafe")
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 TINY_TESTS = ("tests/decode/test_engine_tiny.py", "tests/decode/test_fly_e2e.py", "tests/decode/test_specguard.py",
-              "tests/decode/test_draftlen.py", "tests/verify", "tests/integrations/test_vllm_rule.py")
+              "tests/decode/test_draftlen.py", "tests/decode/test_static_cache.py", "tests/verify",
+              "tests/integrations/test_vllm_rule.py")
 PROMPT = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\n"
           "def div(a, b):\n")
 
