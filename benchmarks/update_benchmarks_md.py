@@ -6,7 +6,8 @@ block between ``<!-- drafts DIR -->`` and ``<!-- end drafts -->`` by one table c
 directories under DIR (one per dataset and draft model); ``<!-- cpu DIR -->`` .. ``<!-- end cpu -->``
 holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) and
 ``<!-- precision A B -->`` .. ``<!-- end precision -->`` ``benchmarks/precision_accuracy.py A B``
-(``ar`` in two precisions). So the numbers in BENCHMARKS.md are always the ones in the
+(``ar`` in two precisions), ``<!-- calibration FILE -->`` .. ``<!-- end calibration -->`` the table of
+``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
     python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
@@ -28,6 +29,20 @@ BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DO
 DRAFTS = re.compile(r"(<!-- drafts (\S+) -->\n)(.*?)(<!-- end drafts -->)", re.DOTALL)
 CPU = re.compile(r"(<!-- cpu (\S+) -->\n)(.*?)(<!-- end cpu -->)", re.DOTALL)
 PRECISION = re.compile(r"(<!-- precision (\S+) (\S+) -->\n)(.*?)(<!-- end precision -->)", re.DOTALL)
+CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibration -->)", re.DOTALL)
+
+
+def calibration_table(path: Path) -> str:
+    """``loosespec calibrate``'s table, re-analysed from the step records in its JSON (not its stored
+    analysis): a change to the analysis or to the records shows here."""
+    from loosespec.eval.calibrate import analyse, format_analysis
+
+    rep = json.loads(path.read_text(encoding="utf-8"))
+    for s in rep["steps"]:
+        if s.get("preference_gap") is not None:
+            s["target_prefers"] = s["preference_gap"] >= -rep["margin"]
+    rep["analysis"] = analyse(rep["steps"], rep["config"]["sg_beta"])
+    return format_analysis(rep)
 
 
 def _f(v, spec=".2f"):
@@ -81,7 +96,11 @@ def render(md: str) -> str:
     def precision(m: re.Match) -> str:  # ar in two precisions (benchmarks/precision_accuracy.py)
         return m.group(1) + "\n" + compare(ROOT / m.group(2), ROOT / m.group(3)) + "\n" + m.group(5)
 
-    return PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
+    def calibration(m: re.Match) -> str:  # loosespec calibrate's JSON (loosespec.eval.calibrate)
+        return m.group(1) + "\n" + calibration_table(ROOT / m.group(2)) + "\n\n" + m.group(4)
+
+    md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
+    return CALIBRATION.sub(calibration, md)
 
 
 def main(argv=None) -> int:

@@ -51,6 +51,29 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return wins / (len(pos) * len(neg))
 
 
+def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[str], resamples: int = 1000,
+             seed: int = 0) -> tuple[float, float] | None:
+    """95% interval of :func:`roc_auc` by a bootstrap over ``groups`` (problems: the steps of one problem
+    are not independent), percentile method, seeded."""
+    import numpy as np
+
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    names = sorted(set(groups))
+    index = {g: np.flatnonzero(np.asarray(groups) == g) for g in names}
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        rows = np.concatenate([index[names[i]] for i in rng.integers(0, len(names), len(names))])
+        pos, neg = s[rows][y[rows]], s[rows][~y[rows]]
+        if len(pos) and len(neg):
+            values.append(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+                          / (len(pos) * len(neg)))
+    if len(values) < resamples / 2:
+        return None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return round(float(lo), 4), round(float(hi), 4)
+
+
 def propose_tau(scores: Sequence[float], labels: Sequence[bool], accept_rate: float | None = None) -> dict:
     """tau accepting ``accept_rate`` of the steps (the highest-scoring ones), with its quality.
 
@@ -162,10 +185,13 @@ def analyse(steps: Sequence[dict], beta: float, accept_rate: float | None = None
     gaps = [s["preference_gap"] for s in steps]
     lengths = [s["tokens"] for s in steps]
 
+    problems = [s.get("problem", "") for s in steps]
+
     def row(values):
         auc_a, auc_p = roc_auc(values, agrees), roc_auc(values, prefers)
         return {"auc_agrees": None if auc_a is None else round(auc_a, 4),
                 "auc_target_prefers": None if auc_p is None else round(auc_p, 4),
+                "auc_target_prefers_ci95": auc_ci95(values, prefers, problems),
                 "rho_preference_gap": rank_correlation(values, gaps), "rho_length": rank_correlation(values, lengths)}
 
     table = {name: row([_signal(s, name) for s in steps]) for name in ("C_min", "C_mean", "G")}
@@ -249,14 +275,32 @@ def format_analysis(report: dict) -> str:
     lines = [f"{a['steps']} steps of {report['problems']} problems; the target wrote exactly the candidate in "
              f"{a['agree_rate']:.1%}, preferred it (gap >= -{report['margin']} nats/token) in "
              f"{a['target_prefers_rate']:.1%}.", "",
-             "| signal | AUC, agrees | AUC, target prefers | rho with preference gap | rho with step length |",
+             "| signal | AUC, agrees | AUC, target prefers [95% CI] | rho with preference gap | rho with step length |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, r in a["signals"].items():
-        lines.append(f"| {name} | {f(r['auc_agrees'])} | {f(r['auc_target_prefers'])} | "
+        ci = r.get("auc_target_prefers_ci95")
+        ci = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        lines.append(f"| {name} | {f(r['auc_agrees'])} | {f(r['auc_target_prefers'])}{ci} | "
                      f"{f(r['rho_preference_gap'])} | {f(r['rho_length'])} |")
+    best = {}
+    for g in a.get("grid", []):
+        if g["auc_target_prefers"] is not None and (g["sg_confidence"] not in best or g["auc_target_prefers"] >
+                                                     best[g["sg_confidence"]]["auc_target_prefers"]):
+            best[g["sg_confidence"]] = g
+    if best:
+        lines += ["", "Best beta per confidence variant (AUC of S against target prefers, beta in 0, 0.1 .. 1): " +
+                  "; ".join(f"{v}: beta {g['sg_beta']} ({g['auc_target_prefers']:.3f})" for v, g in best.items())
+                  + "."]
     c = a["choice"]
     t = c["at_tau"]
     lines += ["", f"Choice (highest AUC against target prefers): sg_confidence {c['sg_confidence']}, "
               f"sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']} (accepts {t['accept_rate']:.1%} of steps; precision "
               f"{f(t['precision'])}, recall {f(t['recall'])})."]
+    cfg = report.get("config")
+    if cfg:
+        hw = cfg.get("hardware") or {}
+        lines += ["", f"Run: `{report.get('command', 'loosespec calibrate')}`; target {cfg['target']['spec']}, draft "
+                  f"{cfg['draft']['spec']}, {(cfg.get('precision') or {}).get('name', cfg['target']['dtype'])}, "
+                  f"sg_select {cfg.get('sg_select')}, on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))})"
+                  + (f", GPU {hw['gpu']}" if hw.get("gpu") else "") + "."]
     return "\n".join(lines)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from loosespec.config import DecodeConfig
-from loosespec.eval.calibrate import (analyse, calibrate_specguard, format_analysis, rank_correlation,
-                                      target_preference)
+from loosespec.eval.calibrate import (analyse, auc_ci95, calibrate_specguard, format_analysis, rank_correlation,
+                                      roc_auc, target_preference)
 from loosespec.eval.datasets import Problem, load_dataset
 
 
@@ -64,6 +64,22 @@ def test_analyse_picks_the_signal_that_separates_what_the_target_prefers():
     assert a["target_prefers_rate"] == 0.5 and a["agree_rate"] == 0.25
     with pytest.raises(ValueError):
         analyse([{**steps[0], "target_prefers": None}], beta=0.3)
+
+
+def test_auc_interval_resamples_whole_problems():
+    import random
+
+    rng = random.Random(0)
+    labels = [rng.random() < 0.4 for _ in range(120)]
+    scores = [rng.gauss(1.0 if y else 0.0, 1.0) for y in labels]
+    groups = [f"p{i // 4}" for i in range(120)]  # 30 problems of 4 steps
+    lo, hi = auc_ci95(scores, labels, groups)
+    assert lo < roc_auc(scores, labels) < hi and 0.05 < hi - lo < 0.4
+    assert auc_ci95(scores, labels, groups) == (lo, hi)  # seeded
+    # one problem holding everything: every resample is that problem, so no spread at all
+    assert auc_ci95(scores, labels, ["p"] * 120) == (round(roc_auc(scores, labels), 4),) * 2
+    separated = auc_ci95([1.0, 0.0] * 20, [True, False] * 20, [f"p{i // 2}" for i in range(40)])
+    assert separated == (1.0, 1.0)
 
 
 def test_calibration_set_is_disjoint_from_the_benchmarks():
