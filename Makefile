@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: evidence-gsm8k hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -196,6 +196,18 @@ bench-cpu: setup peers
 	    --no-plots --out $(BENCH_DIR)/cpu/specbench-$$c --methods $(CPU_METHODS) || exit 1; \
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
+
+# Evidence at scale (issue 20): the default pair in the precision --dtype auto picks here, the cost-aware draft
+# length, greedy; one directory per set. Each run resumes: a larger *_N only adds the missing problems, so a
+# run splits into chunks (e.g. EVID_GSM8K_N=10, then 20, ...). Time only on an otherwise quiet machine.
+EVIDENCE_DIR ?= results/bench/evidence
+EVID_GSM8K_N ?= 100
+EVID_GSM8K_METHODS ?= ar,exact-mla,fly-mla,fly-ngram,specguard,hf-assist
+evidence-gsm8k: setup
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 \
+		--methods $(EVID_GSM8K_METHODS) --out $(EVIDENCE_DIR)/gsm8k
 
 # What the precision --dtype auto picks costs in accuracy: ar alone in int8 and in float32 on the first PREC_N
 # GSM8K (384 tokens) and HumanEval (256 tokens) problems; PREC_N grows a run resumably.

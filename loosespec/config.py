@@ -35,11 +35,14 @@ SG_ON_REJECT = ("draft-assisted", "regenerate")
 SG_VERIFY = ("exact", "fly")
 SG_CONFIDENCE = ("min", "mean")
 SG_SELECT = ("embedding", "attention")
-# SpecGuard's tau: the papers publish none. `make calibrate-specguard CAL_N=4 SG_BENCH_TOKENS=256` (loosespec
-# calibrate on the first 4 GSM8K problems, default pair, bf16) proposed it: it accepts the share of
-# steps the target wrote exactly as the draft did (4 of 17); ROC AUC of the score for that agreement
-# 0.69, precision 0.25. A small sample: recalibrate on your task (results/calibration_specguard.json).
-DEFAULT_SG_TAU = 0.608913
+# SpecGuard's tau, beta and confidence variant: the papers publish none. `make calibrate-specguard` (loosespec
+# calibrate on the first 50 problems of GSM8K's train split, default pair, int8; 241 steps) chose them: the
+# confidence variant and beta whose score S best separates the steps the target prefers (AUC 0.882), and the
+# tau that accepts the share of steps it prefers (39.8%; precision 0.740). results/calibration/specguard.md;
+# tests/eval/test_calibrate.py checks these equal its choice. Recalibrate on your task.
+DEFAULT_SG_CONFIDENCE = "mean"
+DEFAULT_SG_BETA = 0.8
+DEFAULT_SG_TAU = 0.825098
 DRAFTERS = {
     "ngram": "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
     "model": "a small draft model, autoregressive",
@@ -241,15 +244,15 @@ class DecodeConfig:
     sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
     sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "
                                  "always greedy).", lossy="SpecGuard", gt=0.0, le=100.0)
-    sg_beta: float = knob(0.3, "score = beta * confidence + (1 - beta) * grounding.", lossy="SpecGuard", ge=0.0,
-                          le=1.0)
+    sg_beta: float = knob(DEFAULT_SG_BETA, "score = beta * confidence + (1 - beta) * grounding (default "
+                          "calibrated with tau).", lossy="SpecGuard", ge=0.0, le=1.0)
     sg_select: str = knob("embedding", "how the most consistent candidate is chosen (the medoid by cosine): "
                           "embedding (of the candidates' text, --sg-embedder) | attention (of where each candidate's "
                           "tokens attend in the context, the seed's description; one more draft forward per "
                           "candidate).", lossy="SpecGuard", choices=SG_SELECT)
-    sg_confidence: str = knob("min", "confidence C of a step from its tokens' draft log-probs: min (exp of the "
-                              "weakest token's, the default, which tau was calibrated with) | mean (exp of the mean, "
-                              "the seed's description).", lossy="SpecGuard", choices=SG_CONFIDENCE)
+    sg_confidence: str = knob(DEFAULT_SG_CONFIDENCE, "confidence C of a step from its tokens' draft log-probs: "
+                              "mean (exp of the mean, the seed's description; the default, calibrated with tau) | "
+                              "min (exp of the weakest token's).", lossy="SpecGuard", choices=SG_CONFIDENCE)
     sg_tau: float = knob(DEFAULT_SG_TAU, "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
                          "default calibrated on GSM8K, see README).", lossy="SpecGuard", ge=0.0)
     sg_delimiter: str = knob("\n\n", "text that ends a step; backslash escapes such as \\n are interpreted.",

@@ -52,7 +52,7 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
 
 
 def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[str], resamples: int = 1000,
-             seed: int = 0) -> tuple[float, float] | None:
+             bootstrap_seed: int = 0) -> tuple[float, float] | None:
     """95% interval of :func:`roc_auc` by a bootstrap over ``groups`` (problems: the steps of one problem
     are not independent), percentile method, seeded."""
     import numpy as np
@@ -60,7 +60,7 @@ def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[s
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     names = sorted(set(groups))
     index = {g: np.flatnonzero(np.asarray(groups) == g) for g in names}
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(bootstrap_seed)
     values = []
     for _ in range(resamples):
         rows = np.concatenate([index[names[i]] for i in rng.integers(0, len(names), len(names))])

@@ -113,3 +113,18 @@ def test_calibrate_on_the_tiny_pair_labels_every_step_and_resumes(tiny_engine, t
     # a resumed run with another margin labels the old records with the new one
     wide = calibrate_specguard(tiny_engine, problems, cfg, progress=False, steps_file=steps_file, margin=1e9)
     assert all(s["target_prefers"] for s in wide["steps"] if s["preference_gap"] is not None)
+
+
+def test_specguard_defaults_are_the_committed_calibrations_choice():
+    """The defaults come from `make calibrate-specguard`'s committed run, re-analysed from its step records."""
+    from pathlib import Path
+
+    from loosespec.config import knob_default
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results/calibration/specguard.json").read_text())
+    assert {s["problem"].split("/")[0] for s in rep["steps"]} == {"gsm8k-train"} and len(rep["steps"]) >= 200
+    for s in rep["steps"]:
+        s["target_prefers"] = s["preference_gap"] >= -rep["margin"]
+    choice = analyse(rep["steps"], rep["config"]["sg_beta"])["choice"]
+    assert (knob_default("sg_confidence"), knob_default("sg_beta"), knob_default("sg_tau")) == \
+        (choice["sg_confidence"], choice["sg_beta"], choice["sg_tau"])
