@@ -37,6 +37,7 @@ _CACHE_HELP = ("dynamic | static (transformers' cache_implementation). static: t
 _COMPILE_HELP = ("torch.compile the draft steps and verifies on the static cache, padded to fixed lengths (CUDA "
                  "graphs on a GPU). Off by default: compiling costs minutes on a CPU, and GPUs are yet to be measured "
                  "(docs/gpu.md)")
+_MAX_CACHE_HELP = "Positions of the static cache: at least prompt + new tokens + 32 (--cache-implementation static)."
 _QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
                   "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
                   "bfloat16 arithmetic on the CPU")
@@ -178,7 +179,7 @@ def generate(
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
-    max_cache_len: int = typer.Option(8192, min=1, help="Positions of the static cache (prompt + new tokens + 32)."),
+    max_cache_len: int = typer.Option(8192, min=1, help=_MAX_CACHE_HELP),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
     compare_ar: bool = typer.Option(False, "--compare-ar",
@@ -343,6 +344,7 @@ def bench(
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
+    max_cache_len: int = typer.Option(8192, min=1, help=_MAX_CACHE_HELP),
     lang: Optional[str] = typer.Option(None, help="mgsm: language code(s), comma-separated (e.g. en,de)."),
     category: Optional[str] = typer.Option(None, help="specbench: one task type (mt_bench, translation, "
                                            "summarization, qa, math_reasoning, rag); default all six."),
@@ -438,7 +440,7 @@ def bench(
         from loosespec.decode.text import encode_prompt
 
         engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize,
-                             cache_implementation=cache_implementation, compile=compile)
+                             cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
