@@ -241,7 +241,7 @@ class Engine:
         ``static`` (preallocated at ``max_cache_len`` positions, full-attention models; SpecGuard needs
         ``dynamic``); ``compile``: ``torch.compile`` the fixed-shape forwards on the static cache, CUDA
         graphs on a GPU (:class:`~loosespec.decode.kv.StaticCachedLM`). Off by default: on a CPU compiling
-        costs minutes and buys little; a GPU run measures it (``docs/gpu.md``)."""
+        costs minutes, and no GPU has measured it yet (``docs/gpu.md``)."""
         check_cache_options(cache_implementation, compile)
         self.cache_implementation, self.compile = cache_implementation, compile
         self.max_cache_len = max_cache_len

@@ -2,7 +2,8 @@
 
 Every forward goes through :meth:`CachedLM.logits`: it compares the ids the cache holds with the
 sequence asked for, rolls the cache back to their common prefix (:func:`rollback`, the only place
-in loosespec that shortens a cache), and feeds the rest. Callers never crop caches themselves: a
+in loosespec that shortens a dynamic cache; :class:`StaticCachedLM` sets its static cache's length),
+and feeds the rest. Callers never crop caches themselves: a
 rejected draft is simply not part of the next sequence they ask for.
 
 Rolling back, layer type by layer type (transformers' ``cache_utils``):
@@ -212,8 +213,9 @@ class StaticCachedLM(CachedLM):
     - Full-attention models only (every layer a ``StaticLayer``): a sliding-window static layer is a
       ring buffer that cannot be rolled back; such a model is refused with the reason.
 
-    On a CPU compiling takes minutes per bucket and buys little (``docs/gpu.md``), so the flag stays
-    off by default; the GPU smoke run measures it. ``compile_backend`` is ``torch.compile``'s (tests
+    On a CPU compiling takes minutes per fed length (about two for SmolLM2's one-token step on the
+    2-core development CPU) and its speed is unmeasured; on a GPU the smoke run measures it
+    (``docs/gpu.md``). Until then the flag stays off by default. ``compile_backend`` is ``torch.compile``'s (tests
     use ``eager``: dynamo's tracing and the padding, without inductor's minutes).
     """
 
