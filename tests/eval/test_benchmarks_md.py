@@ -100,6 +100,8 @@ def _quoted_figures() -> list[tuple[str, str]]:
         (B, "The old defaults (min, beta 0.3) scored S well below C alone (AUC " + f(next(
             g["auc_target_prefers"] for g in cal["grid"] if (g["sg_confidence"], g["sg_beta"]) == ("min", 0.3)), ".3f")
             + " against the target's preference"),
+        (B, f"target (step acceptance {f(_methods('results/bench/evidence/gsm8k')['specguard']['step_accept_rate'])}: "
+            "most steps are rejected)"),
         (R, f"grounding alone does not separate the steps the target prefers here (AUC "
             f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})"),
         # vLLM, batch of one, GSM8K
