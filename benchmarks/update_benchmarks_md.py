@@ -35,13 +35,10 @@ CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibrat
 def calibration_table(path: Path) -> str:
     """``loosespec calibrate``'s table, re-analysed from the step records in its JSON (not its stored
     analysis): a change to the analysis or to the records shows here."""
-    from loosespec.eval.calibrate import analyse, format_analysis
+    from loosespec.eval.calibrate import analyse_report, format_analysis
 
     rep = json.loads(path.read_text(encoding="utf-8"))
-    for s in rep["steps"]:
-        if s.get("preference_gap") is not None:
-            s["target_prefers"] = s["preference_gap"] >= -rep["margin"]
-    rep["analysis"] = analyse(rep["steps"], rep["config"]["sg_beta"])
+    rep["analysis"] = analyse_report(rep)
     return format_analysis(rep)
 
 

@@ -236,19 +236,19 @@ class Engine:
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, cache_implementation: str = "dynamic",
-                 compile: bool = False, max_cache_len: int = DEFAULT_MAX_CACHE_LEN):
+                 compile: bool = False, max_cache_len: int = DEFAULT_MAX_CACHE_LEN, compile_backend: str = "inductor"):
         """``cache_implementation`` (transformers' name): ``dynamic`` (a growing ``DynamicCache``) or
         ``static`` (preallocated at ``max_cache_len`` positions, full-attention models; SpecGuard needs
         ``dynamic``); ``compile``: ``torch.compile`` the fixed-shape forwards on the static cache, CUDA
-        graphs on a GPU (:class:`~loosespec.decode.kv.StaticCachedLM`). Off by default: on a CPU compiling
-        costs minutes, and no GPU has measured it yet (``docs/gpu.md``)."""
+        graphs on a GPU (:class:`~loosespec.decode.kv.StaticCachedLM`; ``compile_backend``: torch.compile's,
+        tests use ``eager``). Off by default: on a CPU compiling costs minutes, and no GPU has measured it yet
+        (``docs/gpu.md``)."""
         check_cache_options(cache_implementation, compile)
         self.cache_implementation, self.compile = cache_implementation, compile
-        self.max_cache_len = max_cache_len
 
         def lm(model):
             if cache_implementation == "static":
-                return StaticCachedLM(model, max_cache_len, compile)
+                return StaticCachedLM(model, max_cache_len, compile, compile_backend)
             return CachedLM(model)
 
         # a draft with another vocabulary drafts through text, or samples in the shared vocabulary (loosespec.drafters.bridge)

@@ -213,8 +213,7 @@ class StaticCachedLM(CachedLM):
     - Full-attention models only (every layer a ``StaticLayer``): a sliding-window static layer is a
       ring buffer that cannot be rolled back; such a model is refused with the reason.
 
-    On a CPU compiling takes minutes per fed length (about two for SmolLM2's one-token step on the
-    2-core development CPU) and its speed is unmeasured; on a GPU the smoke run measures it
+    On a CPU compiling takes minutes per fed length and its speed is unmeasured; on a GPU the smoke run measures it
     (``docs/gpu.md``). Until then the flag stays off by default. ``compile_backend`` is ``torch.compile``'s (tests
     use ``eager``: dynamo's tracing and the padding, without inductor's minutes).
     """
@@ -246,12 +245,16 @@ class StaticCachedLM(CachedLM):
 
         if self.cache is None:  # allocated once (lazily, at the first forward): the addresses CUDA graphs keep
             self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
+        self._length = None  # unknown: the next _set_length writes it
         self._set_length(0)
         self.ids = torch.empty(0, dtype=torch.long)
 
     def _set_length(self, n: int) -> None:
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(n)
+        """Set every layer's length counter (one fill each, a kernel launch on a GPU) unless it already is ``n``."""
+        if n != self._length:
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(n)
+            self._length = n
 
     @property
     def rollback_problem(self) -> str | None:
@@ -277,12 +280,14 @@ class StaticCachedLM(CachedLM):
             if bucket is None:
                 out = self.model(input_ids=new.unsqueeze(0).to(self.device), past_key_values=self.cache,
                                  use_cache=True, logits_to_keep=rows, **outputs)
+                self._length = keep + n  # the forward advanced the counters itself
             else:
                 fed = torch.cat([new, new.new_zeros(bucket - n)]) if bucket > n else new
                 out = self._compiled(input_ids=fed.unsqueeze(0).to(self.device), past_key_values=self.cache,
                                      use_cache=True, logits_to_keep=bucket)
                 # a copy: a CUDA graph's next replay overwrites its output buffers
                 out.logits = out.logits[:, n - rows:n].clone()
+                self._length = keep + bucket  # where the forward left the counters
                 self._set_length(keep + n)  # the padding is not part of the sequence
                 self.compiled_forwards += 1
         except BaseException:

@@ -43,12 +43,14 @@ from loosespec.config import DecodeConfig
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     """P(score of a random agreeing step > score of a random disagreeing one), ties count half."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
+    import numpy as np
+
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if not len(pos) or not len(neg):
         return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(wins / (len(pos) * len(neg)))
 
 
 def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[str], resamples: int = 1000,
@@ -64,10 +66,9 @@ def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[s
     values = []
     for _ in range(resamples):
         rows = np.concatenate([index[names[i]] for i in rng.integers(0, len(names), len(names))])
-        pos, neg = s[rows][y[rows]], s[rows][~y[rows]]
-        if len(pos) and len(neg):
-            values.append(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
-                          / (len(pos) * len(neg)))
+        auc = roc_auc(s[rows], y[rows])
+        if auc is not None:
+            values.append(auc)
     if len(values) < resamples / 2:
         return None
     lo, hi = np.percentile(values, [2.5, 97.5])
@@ -214,6 +215,15 @@ def analyse(steps: Sequence[dict], beta: float, accept_rate: float | None = None
             "choice": {**choice, "sg_tau": tau["tau"], "at_tau": tau}}
 
 
+def analyse_report(report: dict) -> dict:
+    """:func:`analyse` of a calibration report's step records, each labelled with the report's margin
+    (records resumed from an earlier run carry the margin of that run)."""
+    for s in report["steps"]:
+        if s.get("preference_gap") is not None:
+            s["target_prefers"] = s["preference_gap"] >= -report["margin"]
+    return analyse(report["steps"], report["config"]["sg_beta"], report.get("accept_rate"))
+
+
 def _done(path: Path | None) -> dict[str, dict]:
     if path is None or not path.exists():
         return {}
@@ -250,22 +260,21 @@ def calibrate_specguard(engine, problems, cfg: DecodeConfig, accept_rate: float 
                 f.write(json.dumps(done[p.id]) + "\n")
                 f.flush()
     steps = [{"problem": p.id, **s} for p in problems if p.id in done for s in done[p.id]["steps"]]
-    for s in steps:  # resumed records were labelled with the margin of their run: label all with this one
-        if s.get("preference_gap") is not None:
-            s["target_prefers"] = s["preference_gap"] >= -margin
     scores = [s["score"] for s in steps]
     labels = [bool(s["agrees"]) for s in steps]
-    return {
+    report = {
         "proposal": propose_tau(scores, labels, accept_rate),
-        "analysis": analyse(steps, cfg.sg_beta, accept_rate),
         "scores": {"all": _quantiles(scores),
                    "agreeing": _quantiles([s for s, y in zip(scores, labels) if y]),
                    "disagreeing": _quantiles([s for s, y in zip(scores, labels) if not y])},
         "problems": len(problems),
         "margin": margin,
         "steps": steps,
+        "accept_rate": accept_rate,
         "config": {**engine.config_dict(run_cfg, raw=False), "sg_tau": None},
     }
+    report["analysis"] = analyse_report(report)
+    return report
 
 
 def format_analysis(report: dict) -> str:

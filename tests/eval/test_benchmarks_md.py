@@ -51,12 +51,10 @@ def _calibration() -> dict:
     """`make calibrate-specguard`'s committed run, re-analysed from its step records."""
     import json
 
-    from loosespec.eval.calibrate import analyse
+    from loosespec.eval.calibrate import analyse_report
 
     rep = json.loads((ROOT / "results/calibration/specguard.json").read_text(encoding="utf-8"))
-    for s in rep["steps"]:
-        s["target_prefers"] = s["preference_gap"] >= -rep["margin"]
-    a = analyse(rep["steps"], rep["config"]["sg_beta"])
+    a = analyse_report(rep)
     best = {v: max((g for g in a["grid"] if g["sg_confidence"] == v), key=lambda g: g["auc_target_prefers"])
             for v in ("min", "mean")}
     return {"problems": rep["problems"], "steps": a["steps"], "prefers": a["target_prefers_rate"],

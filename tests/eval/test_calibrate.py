@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loosespec.config import DecodeConfig
-from loosespec.eval.calibrate import (analyse, auc_ci95, calibrate_specguard, format_analysis, rank_correlation,
+from loosespec.eval.calibrate import (analyse, analyse_report, auc_ci95, calibrate_specguard, format_analysis, rank_correlation,
                                       roc_auc, target_preference)
 from loosespec.eval.datasets import Problem, load_dataset
 
@@ -123,8 +123,6 @@ def test_specguard_defaults_are_the_committed_calibrations_choice():
 
     rep = json.loads((Path(__file__).resolve().parents[2] / "results/calibration/specguard.json").read_text())
     assert {s["problem"].split("/")[0] for s in rep["steps"]} == {"gsm8k-train"} and len(rep["steps"]) >= 200
-    for s in rep["steps"]:
-        s["target_prefers"] = s["preference_gap"] >= -rep["margin"]
-    choice = analyse(rep["steps"], rep["config"]["sg_beta"])["choice"]
+    choice = analyse_report(rep)["choice"]
     assert (knob_default("sg_confidence"), knob_default("sg_beta"), knob_default("sg_tau")) == \
         (choice["sg_confidence"], choice["sg_beta"], choice["sg_tau"])
