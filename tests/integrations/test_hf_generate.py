@@ -8,6 +8,7 @@ import inspect
 import math
 import re
 import subprocess
+import sys
 import traceback
 from pathlib import Path
 
@@ -250,7 +251,7 @@ def test_module_says_fly_and_specguard_are_lossy():
 def hub_dir(tmp_path_factory):
     """What `make hf-custom-generate` writes (the command it runs), into a fresh directory."""
     out = tmp_path_factory.mktemp("hub") / "hf_custom_generate"
-    p = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "loosespec.integrations.hf", str(out)],
+    p = subprocess.run([sys.executable, "-m", "loosespec.integrations.hf", str(out)],  # the interpreter under test
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     return out
