@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: evidence-gsm8k hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -203,11 +203,50 @@ bench-cpu: setup peers
 EVIDENCE_DIR ?= results/bench/evidence
 EVID_GSM8K_N ?= 100
 EVID_GSM8K_METHODS ?= ar,exact-mla,fly-mla,fly-ngram,specguard,hf-assist
-evidence-gsm8k: setup
-	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
-	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+evidence-gsm8k: evidence-models
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 \
 		--methods $(EVID_GSM8K_METHODS) --out $(EVIDENCE_DIR)/gsm8k
+evidence-models: setup
+	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
+# HumanEval (all 164, 512 tokens, sandboxed tests); llamacpp-ar needs llama-cpp-python (make peers, 10-20 min)
+EVID_HUMANEVAL_N ?= 164
+EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar
+evidence-humaneval: evidence-models peers
+	$(BIN)/loosespec bench --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
+		--methods $(EVID_HUMANEVAL_METHODS) --out $(EVIDENCE_DIR)/humaneval
+# MGSM in two languages far from English, EVID_MGSM_N per language
+EVID_MGSM_N ?= 50
+EVID_MGSM_LANGS ?= zh,ja
+evidence-mgsm: evidence-models
+	$(BIN)/loosespec bench --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) --max-new-tokens 384 \
+		--methods ar,fly-mla --out $(EVIDENCE_DIR)/mgsm
+EVID_MATH_N ?= 50
+evidence-math500: evidence-models
+	$(BIN)/loosespec bench --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 \
+		--methods ar,fly-mla,specguard --out $(EVIDENCE_DIR)/math500
+# NIAH over the Paul Graham essays (not shipped: EVID_DATA is a folder holding paul_graham_essays.jsonl)
+EVID_DATA ?= ../shared/data
+evidence-niah: evidence-models
+	$(BIN)/loosespec bench --dataset niah --data-dir $(EVID_DATA) --context-lengths 1024,2048,4096 \
+		--depths 0,0.33,0.67,1 --max-new-tokens 32 --methods ar,fly-ngram,fly-mla --out $(EVIDENCE_DIR)/niah
+# Spec-Bench, speed only: EVID_SPECBENCH_N prompts from each of its six categories
+EVID_SPECBENCH_N ?= 10
+EVID_SPECBENCH_METHODS ?= ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld,llamacpp-ar
+evidence-specbench: evidence-models peers
+	$(BIN)/loosespec bench --dataset specbench --limit $(EVID_SPECBENCH_N) --max-new-tokens 256 \
+		--methods $(EVID_SPECBENCH_METHODS) --out $(EVIDENCE_DIR)/specbench
+# sampling at T = 0.7: GSM8K, three seeds, one directory each; FLy with the official two-sample rule and
+# with the paper's rejection form
+EVID_T07_N ?= 50
+EVID_T07_SEEDS ?= 0 1 2
+evidence-t07: evidence-models
+	for s in $(EVID_T07_SEEDS); do \
+	  $(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_T07_N) --max-new-tokens 384 --temperature 0.7 --seed $$s \
+	    --methods ar,rejection-mla,fly-mla,fly-mla@fly_sampling=rejection --out $(EVIDENCE_DIR)/gsm8k-t0.7-seed$$s \
+	    || exit 1; \
+	done
+evidence: evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07
 
 # What the precision --dtype auto picks costs in accuracy: ar alone in int8 and in float32 on the first PREC_N
 # GSM8K (384 tokens) and HumanEval (256 tokens) problems; PREC_N grows a run resumably.

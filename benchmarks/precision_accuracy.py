@@ -13,19 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from math import comb
 from pathlib import Path
 
-from loosespec.eval.harness import ResultsFile, wilson
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value for b and c discordant pairs (binomial, p = 1/2)."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+from loosespec.eval.harness import ResultsFile, mcnemar_exact, wilson
 
 
 def ar_rows(d: Path) -> tuple[dict, dict]:

@@ -7,7 +7,10 @@ directories under DIR (one per dataset and draft model); ``<!-- cpu DIR -->`` ..
 holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) and
 ``<!-- precision A B -->`` .. ``<!-- end precision -->`` ``benchmarks/precision_accuracy.py A B``
 (``ar`` in two precisions), ``<!-- calibration FILE -->`` .. ``<!-- end calibration -->`` the table of
-``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults). So the numbers in BENCHMARKS.md are always the ones in the
+``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults), ``<!-- retention DIR... -->`` ..
+``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories and
+``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified
+(``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
     python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
@@ -29,6 +32,8 @@ BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DO
 DRAFTS = re.compile(r"(<!-- drafts (\S+) -->\n)(.*?)(<!-- end drafts -->)", re.DOTALL)
 CPU = re.compile(r"(<!-- cpu (\S+) -->\n)(.*?)(<!-- end cpu -->)", re.DOTALL)
 PRECISION = re.compile(r"(<!-- precision (\S+) (\S+) -->\n)(.*?)(<!-- end precision -->)", re.DOTALL)
+RETENTION = re.compile(r"(<!-- retention ([^>]+?) -->\n)(.*?)(<!-- end retention -->)", re.DOTALL)
+FAILURES = re.compile(r"(<!-- failures ([^>]+?) -->\n)(.*?)(<!-- end failures -->)", re.DOTALL)
 CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibration -->)", re.DOTALL)
 
 
@@ -96,6 +101,17 @@ def render(md: str) -> str:
     def calibration(m: re.Match) -> str:  # loosespec calibrate's JSON (loosespec.eval.calibrate)
         return m.group(1) + "\n" + calibration_table(ROOT / m.group(2)) + "\n\n" + m.group(4)
 
+    def retention(m: re.Match) -> str:  # does each lossy method keep ar's accuracy (loosespec.eval.failures)
+        from loosespec.eval.failures import retention_table
+
+        return m.group(1) + "\n" + retention_table([ROOT / d for d in m.group(2).split()], ROOT) + "\n\n" + m.group(4)
+
+    def failures(m: re.Match) -> str:  # the answers lossy methods lost, classified (loosespec.eval.failures)
+        from loosespec.eval.failures import failure_table
+
+        return m.group(1) + "\n" + failure_table([ROOT / d for d in m.group(2).split()], ROOT) + "\n\n" + m.group(4)
+
+    md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
     return CALIBRATION.sub(calibration, md)
 

@@ -485,6 +485,11 @@ def report(
     plots: bool = typer.Option(True, help="Redraw OUT/*.png."),
     spec_bench: Optional[Path] = typer.Option(None, help="Also write one <method>.jsonl per method here in "
                                               "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
+    failures: bool = typer.Option(False, "--failures", help="Also print, for scored sets, whether each lossy "
+                                  "method keeps >= 99% of ar's accuracy (recovery with a paired bootstrap "
+                                  "interval, McNemar's p) and every answer ar got right and a lossy method "
+                                  "wrong, classified (repetition loop, truncated at the budget, deferred "
+                                  "mismatch, accepted draft step, other)."),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
     from loosespec.eval import harness as B
@@ -498,6 +503,11 @@ def report(
     print(f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
           f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n")
     print(table)
+    if failures:
+        from loosespec.eval.failures import failure_table, retention_table
+
+        print("\nDoes each lossy method keep ar's accuracy?\n\n" + retention_table([out]))
+        print("\nAnswers ar got right and a lossy method wrong:\n\n" + failure_table([out]))
 
 
 @app.command()

@@ -42,15 +42,16 @@ from loosespec.config import DecodeConfig
 
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
-    """P(score of a random agreeing step > score of a random disagreeing one), ties count half."""
+    """P(score of a random agreeing step > score of a random disagreeing one), ties count half: the
+    Mann-Whitney U of the agreeing steps over the number of pairs (scipy)."""
     import numpy as np
+    from scipy.stats import mannwhitneyu
 
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     pos, neg = s[y], s[~y]
     if not len(pos) or not len(neg):
         return None
-    wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(wins / (len(pos) * len(neg)))
+    return float(mannwhitneyu(pos, neg, method="asymptotic").statistic / (len(pos) * len(neg)))
 
 
 def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[str], resamples: int = 1000,
@@ -113,28 +114,13 @@ BETAS = tuple(round(0.1 * i, 1) for i in range(11))
 
 
 def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rho (average ranks for ties); None when either side is constant or there are < 3 pairs."""
-    if len(xs) < 3:
+    """Spearman's rho (average ranks for ties, scipy); None when either side is constant or there are < 3
+    pairs."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
+    from scipy.stats import spearmanr
 
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    rx, ry = ranks(list(xs)), ranks(list(ys))
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return None if sxx == 0 or syy == 0 else round(sxy / (sxx * syy) ** 0.5, 4)
+    return round(float(spearmanr(xs, ys).statistic), 4)
 
 
 @torch.inference_mode()

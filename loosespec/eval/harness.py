@@ -33,7 +33,8 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
   1 for ``ar``; for the peers from the chunks ``generate`` streams per step);
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens (loosespec methods);
 - ``accuracy`` (scored datasets) with a 95% Wilson interval, ``recovery`` = accuracy / ``ar``
-  accuracy, the paired counts ``ar_right_method_wrong`` and ``ar_wrong_method_right``;
+  accuracy, the paired counts ``ar_right_method_wrong`` and ``ar_wrong_method_right`` and McNemar's exact
+  p-value on them (``mcnemar_p``: two-sided binomial test of the discordant pairs, 1 when there are none);
 - ``identical_to_ar`` = share of outputs whose token ids equal ``ar``'s.
 """
 
@@ -579,6 +580,16 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
 
 
+def mcnemar_exact(b: int, c: int) -> float:
+    """McNemar's exact test of paired right/wrong outcomes: the two-sided binomial p-value of ``b`` discordant
+    pairs one way against ``c`` the other under p = 1/2 (scipy's ``binomtest``); 1.0 without discordant pairs."""
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(b, b + c, 0.5).pvalue)
+
+
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000,
                     seed: int = 0) -> tuple | None:  # the resampling's seed (not a knob)
     """95% percentile bootstrap interval of sum(num)/sum(den), resampling paired items."""
@@ -634,6 +645,7 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
             "ar_right_method_wrong": sum(bool(ar[r["question_id"]]["score"]) and not r["score"] for r in scored),
             "ar_wrong_method_right": sum(not ar[r["question_id"]]["score"] and bool(r["score"]) for r in scored),
         })
+        s["mcnemar_p"] = mcnemar_exact(s["ar_right_method_wrong"], s["ar_wrong_method_right"])
     blocks = {(b["makespan_s"], b["new_tokens"]): b["vllm_counters"]
               for r in paired if (b := r.get("stats", {}).get("block"))}
     if blocks:  # vLLM under concurrent load: tokens of all requests / time the blocks took
@@ -686,7 +698,7 @@ def format_table(summary: dict) -> str:
     load = any("throughput_tokens_per_s" in s for s in summary["methods"].values())
     head = ("| method | n | speedup (95% CI) | tok/s |" + (" throughput tok/s |" if load else "")
             + " mean accepted length | acceptance rate | accuracy (95% CI) "
-            "| recovery | ar right, method wrong | ar wrong, method right | identical to ar |")
+            "| recovery | ar right, method wrong | ar wrong, method right | McNemar p | identical to ar |")
     lines = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
     for m, s in summary["methods"].items():
         ci = s.get("speedup_ci95")
@@ -699,7 +711,7 @@ def format_table(summary: dict) -> str:
             f"| {m}{' (lossy)' if s['lossy'] else ''} | {s['prompts']} | {speed} | {_fmt(s['tokens_per_s'])} | "
             + (f"{_fmt(s.get('throughput_tokens_per_s'))} | " if load else "") +
             f"{_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance_rate'])} | {acc} | {_fmt(s.get('recovery'))} | "
-            f"{s.get('ar_right_method_wrong', '-')} | {s.get('ar_wrong_method_right', '-')} | "
+            f"{s.get('ar_right_method_wrong', '-')} | {s.get('ar_wrong_method_right', '-')} | {_fmt(s.get('mcnemar_p'), '.3g')} | "
             f"{_fmt(s['identical_to_ar'])} |")
     return "\n".join(lines)
 

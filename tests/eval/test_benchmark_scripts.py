@@ -8,7 +8,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from cpu_acceptance import report  # noqa: E402
-from precision_accuracy import compare, mcnemar_exact  # noqa: E402
+from precision_accuracy import compare  # noqa: E402
+
+from loosespec.eval.harness import mcnemar_exact  # noqa: E402
 
 
 def test_mcnemar_exact():

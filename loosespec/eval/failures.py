@@ -1,0 +1,210 @@
+"""Why a lossy method got a problem wrong that ``ar`` got right, and whether it keeps ``ar``'s accuracy.
+
+Only a lossy acceptance can make a lossy method's output differ from ``ar``'s when the precision is
+batch-invariant (the lossless methods' ``identical to ar`` is 1.00 there), so each answer a lossy method
+loses is put in the first class that fits, read from the two result rows:
+
+- ``repetition loop``: the method stopped at the token budget and the end of its output repeats one span of
+  at most :data:`MAX_LOOP_PERIOD` tokens at least :data:`MIN_LOOP_REPEATS` times (a loop the loose acceptance
+  let in; ``ar`` answered within the budget, or it would not have been right);
+- ``truncated at the budget``: the method stopped at the token budget without such a loop (it wrote longer
+  than ``ar`` and ran out before its answer);
+- ``deferred mismatch``: FLy accepted at least one mismatching token (``fly_deferred`` > 0) and the
+  continuation from there gave another answer;
+- ``accepted draft step``: SpecGuard accepted at least one drafted step and the answer changed;
+- ``other``: none of these (for a method whose lossy rule never fired, a divergence from ``ar`` is a bug).
+
+Each failure also carries where the two outputs part (token index, and the text around the first differing
+character), which is what a reader needs to check the class by eye.
+
+:func:`retention` answers "does the method keep ``ar``'s accuracy?" per method: the recovery (method
+accuracy / ``ar`` accuracy) with a 95% interval, and the verdict ``kept`` when the whole interval is at least
+:data:`KEEP` (FLy's claim: at least 99% of the target's accuracy), ``lost`` when the whole interval is below
+it, else ``not decided at n = N``. The interval comes from the paired 2x2 table (both right, only ``ar``
+right, only the method right, both wrong) under a Dirichlet posterior with Jeffreys' prior (1/2 per cell),
+not from a bootstrap over problems: a bootstrap of a table with no discordant pairs gives the interval
+[1, 1] at any n, which would call 10 identical answers "kept".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from loosespec.eval.harness import CONFIG, RESULTS, ResultsFile, summarize
+
+MAX_LOOP_PERIOD = 64  # tokens in the repeated span, at most
+MIN_LOOP_REPEATS = 3  # times the span repeats at the end of the output, at least
+MIN_LOOP_TOKENS = 24  # tokens the repeating tail covers, at least (a short "\n\n\n" is not a loop)
+KEEP = 0.99  # FLy's claim: at least 99% of the target's accuracy
+POSTERIOR_DRAWS = 20000  # draws of the paired table's posterior for the recovery's interval
+CLASSES = ("repetition loop", "truncated at the budget", "deferred mismatch", "accepted draft step", "other")
+
+
+def first_divergence(a: Sequence, b: Sequence) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length when one is a prefix of
+    the other); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def repetition_loop(ids: Sequence[int]) -> tuple[int, int] | None:
+    """(period, tokens covered) of the shortest span that the end of ``ids`` repeats at least
+    :data:`MIN_LOOP_REPEATS` times over at least :data:`MIN_LOOP_TOKENS` tokens; None when there is none."""
+    n = len(ids)
+    for p in range(1, min(MAX_LOOP_PERIOD, n // MIN_LOOP_REPEATS) + 1):
+        run = p  # the last p tokens, plus every earlier token equal to the one p after it
+        while run < n and ids[n - 1 - run] == ids[n - 1 - run + p]:
+            run += 1
+        if run >= MIN_LOOP_REPEATS * p and run >= MIN_LOOP_TOKENS:
+            return p, run
+    return None
+
+
+def recovery_interval(both: int, ar_only: int, method_only: int, neither: int, draws: int = POSTERIOR_DRAWS,
+                      seed: int = 0) -> tuple[float, float]:  # the draws' seed (not a knob)
+    """95% equal-tailed interval of the recovery (method accuracy / ``ar`` accuracy) from the paired table's
+    counts, under a Dirichlet posterior with Jeffreys' prior (1/2 per cell); numpy's Dirichlet draws."""
+    import numpy as np
+
+    p = np.random.default_rng(seed).dirichlet(np.array([both, ar_only, method_only, neither], float) + 0.5, draws)
+    ratio = (p[:, 0] + p[:, 2]) / (p[:, 0] + p[:, 1])
+    lo, hi = np.quantile(ratio, [0.025, 0.975])
+    return round(float(lo), 4), round(float(hi), 4)
+
+
+def _answer(dataset: str, row: dict):
+    """What the scorer read from the output where it is a number (gsm8k, mgsm); else right/wrong."""
+    if dataset in ("gsm8k", "mgsm"):
+        from loosespec.eval.datasets import extract_number
+
+        return extract_number(row["output"])
+    return {True: "right", False: "wrong", None: "-"}[None if row.get("score") is None else bool(row["score"])]
+
+
+def _snippet(text: str, at: int, before: int = 50, after: int = 40) -> str:
+    s = text[max(0, at - before):at] + "»" + text[at:at + after]
+    return s.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")
+
+
+def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "") -> dict:
+    """The class of one lost answer (see the module docstring) and where the outputs part."""
+    stats = row.get("stats") or {}
+    at_budget = row["new_tokens"] >= max_new_tokens
+    loop = repetition_loop(row["token_ids"]) if at_budget else None
+    if loop:
+        cls = "repetition loop"
+    elif at_budget:
+        cls = "truncated at the budget"
+    elif stats.get("fly_deferred", 0) > 0:
+        cls = "deferred mismatch"
+    elif stats.get("accepted_steps", 0) > 0:
+        cls = "accepted draft step"
+    else:
+        cls = "other"
+    char = first_divergence(ar_row["output"], row["output"])
+    return {
+        "question_id": row["question_id"], "method": row["method"], "class": cls,
+        "diverged_at_token": first_divergence(ar_row["token_ids"], row["token_ids"]),
+        "new_tokens": row["new_tokens"], "ar_new_tokens": ar_row["new_tokens"],
+        "gold": row.get("answer"), "ar_answer": _answer(dataset, ar_row), "method_answer": _answer(dataset, row),
+        "deferred": stats.get("fly_deferred"), "accepted_steps": stats.get("accepted_steps"),
+        "loop_period": loop[0] if loop else None,
+        "ar_text": _snippet(ar_row["output"], char) if char is not None else "",
+        "text": _snippet(row["output"], char) if char is not None else "",
+    }
+
+
+def _load(out: Path) -> tuple[list[dict], dict]:
+    import json
+
+    out = Path(out)
+    return ResultsFile(out / RESULTS).read(), json.loads((out / CONFIG).read_text())
+
+
+def failures(out: Path) -> list[dict]:
+    """Every problem of the results directory ``out`` that ``ar`` scored right and a lossy method wrong,
+    classified (:func:`classify`), in the order of the problems' numbers (``gsm8k/2`` before ``gsm8k/10``)."""
+    rows, config = _load(out)
+    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
+    lost = [classify(ar[r["question_id"]], r, config["max_new_tokens"], config.get("dataset", "")) for r in rows
+            if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
+            and r.get("score") is not None and not r["score"]]
+    return sorted(lost, key=lambda f: ([int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f["question_id"])],
+                                       f["method"]))
+
+
+def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
+    """Counts per (set, method, class), then one line per lost answer, for the result directories ``dirs``."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    lines = []
+    for d in dirs:
+        name = str(Path(d).relative_to(root)) if root else str(d)
+        for f in failures(d):
+            counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
+            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {f['diverged_at_token']} | "
+                         f"{f['ar_new_tokens']} / {f['new_tokens']} | {f['gold']} / {f['ar_answer']} / {f['method_answer']} | "
+                         f"`{f['ar_text']}` | `{f['text']}` |")
+    head = "| results | method | lost answers | " + " | ".join(CLASSES) + " |"
+    table = [head, "| --- | --- |" + " ---: |" * (len(CLASSES) + 1)]
+    for (name, m), c in counts.items():
+        table.append(f"| {name} | {m} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in CLASSES) + " |")
+    if not counts:
+        table.append("| " + ", ".join(str(d) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
+    if lines:
+        table += ["", "| problem | method | class | parts from ar at token | tokens (ar / method) "
+                  "| answer (gold / ar / method) | ar (» where they part) | method |",
+                  "| --- | --- | --- | ---: | ---: | ---: | --- | --- |"] + lines
+    return "\n".join(table)
+
+
+def retention(out: Path) -> dict[str, dict]:
+    """Per lossy method of the results directory ``out``: n, accuracies, paired counts, McNemar's exact p,
+    the speedup, the recovery with its 95% interval (:func:`recovery_interval`) and the verdict against
+    :data:`KEEP`."""
+    rows, _ = _load(out)
+    summary = summarize(rows)["methods"]
+    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
+    verdicts = {}
+    for m, s in summary.items():
+        if not s["lossy"] or "accuracy" not in s:
+            continue
+        pairs = [(bool(ar[r["question_id"]]["score"]), bool(r["score"])) for r in rows
+                 if r["method"] == m and r["question_id"] in ar and r.get("score") is not None
+                 and ar[r["question_id"]].get("score") is not None]
+        cells = [sum(p == c for p in pairs) for c in ((True, True), (True, False), (False, True), (False, False))]
+        ci = recovery_interval(*cells)
+        if ci[0] >= KEEP:
+            verdict = "kept"
+        elif ci[1] < KEEP:
+            verdict = "lost"
+        else:
+            verdict = f"not decided at n = {s['scored']}"
+        verdicts[m] = {**{k: s[k] for k in ("scored", "ar_accuracy", "accuracy", "accuracy_ci95", "recovery",
+                                            "ar_right_method_wrong", "ar_wrong_method_right", "mcnemar_p",
+                                            "speedup", "speedup_ci95")},
+                       "recovery_ci95": ci, "verdict": verdict}
+    return verdicts
+
+
+def _ci(ci, spec: str = ".2f") -> str:
+    return f" ({ci[0]:{spec}}-{ci[1]:{spec}})" if ci else ""
+
+
+def retention_table(dirs: Sequence[Path], root: Path | None = None) -> str:
+    """One line per (result directory, lossy method): :func:`retention`."""
+    lines = ["| results | method | n | ar accuracy | accuracy (95% CI) | recovery (95% CI) | lost / gained "
+             "| McNemar p | speedup (95% CI) | keeps >= 99% of ar? |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for d in dirs:
+        name = str(Path(d).relative_to(root)) if root else str(d)
+        for m, v in retention(d).items():
+            recovery = "-" if v["recovery"] is None else f"{v['recovery']:.2f}{_ci(v['recovery_ci95'])}"
+            lines.append(f"| {name} | {m} | {v['scored']} | {v['ar_accuracy']:.2f} | "
+                         f"{v['accuracy']:.2f}{_ci(v['accuracy_ci95'])} | {recovery} | "
+                         f"{v['ar_right_method_wrong']} / {v['ar_wrong_method_right']} | {v['mcnemar_p']:.3g} | "
+                         f"{v['speedup']:.2f}x{_ci(v['speedup_ci95'])} | {v['verdict']} |")
+    return "\n".join(lines)

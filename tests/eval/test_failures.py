@@ -1,0 +1,138 @@
+"""Reading lost answers (loosespec.eval.failures): loops, truncation, deferred mismatches, accepted steps,
+the retention verdict and its interval, and the tables BENCHMARKS.md and `loosespec report --failures` print."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loosespec.eval import failures as F
+from loosespec.eval import harness as B
+
+
+def row(qid, method, ids, score, output=None, stats=None, answer="18"):
+    return {"question_id": qid, "category": "gsm8k", "method": method, "lossy": B.is_lossy(method),
+            "wall_time": 1.0, "token_ids": ids, "new_tokens": len(ids), "rounds": len(ids), "accept_lengths": [],
+            "score": score, "drafted_tokens": None, "accepted_tokens": None, "stats": stats or {},
+            "output": output if output is not None else " ".join(map(str, ids)), "answer": answer}
+
+
+def write(tmp_path, rows, budget=40, dataset="gsm8k"):
+    (tmp_path / B.CONFIG).write_text(json.dumps({"max_new_tokens": budget, "dataset": dataset}))
+    with open(tmp_path / B.RESULTS, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return tmp_path
+
+
+def test_first_divergence():
+    assert F.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert F.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert F.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert F.first_divergence("abc", "abd") == 2
+
+
+def test_repetition_loop_finds_a_repeated_tail_and_nothing_else():
+    head = list(range(100, 130))
+    assert F.repetition_loop(head + [7, 8, 9] * 10) == (3, 30)
+    assert F.repetition_loop(head + [5] * 30) == (1, 30)
+    assert F.repetition_loop(head) is None
+    assert F.repetition_loop(head + [7, 8, 9] * 2) is None  # twice is not a loop
+    assert F.repetition_loop(head + [5] * 10) is None  # a short run of one token is not a loop
+    period = list(range(200, 250))  # 50 tokens, three times
+    assert F.repetition_loop(head + period * 3) == (50, 150)
+
+
+def test_classify_puts_each_lost_answer_in_the_first_class_that_fits():
+    ar = row("q", "ar", list(range(20)), True, output="Janet eats 3. The answer is 18.")
+    loop = row("q", "fly-ngram", list(range(10)) + [1, 2] * 15, False, stats={"fly_deferred": 2})
+    assert F.classify(ar, loop, 40)["class"] == "repetition loop"
+    assert F.classify(ar, loop, 40)["loop_period"] == 2
+    long = row("q", "fly-mla", list(range(100, 140)), False, stats={"fly_deferred": 1})
+    assert F.classify(ar, long, 40)["class"] == "truncated at the budget"
+    deferred = row("q", "fly-mla", list(range(5)) + [99] * 3, False, output="Janet eats 4. The answer is 12.",
+                   stats={"fly_deferred": 1})
+    c = F.classify(ar, deferred, 40, "gsm8k")
+    assert c["class"] == "deferred mismatch" and c["diverged_at_token"] == 5
+    assert (c["gold"], c["ar_answer"], c["method_answer"]) == ("18", "18", "12")
+    assert c["ar_text"].endswith("»3. The answer is 18.") and c["text"].endswith("»4. The answer is 12.")
+    step = row("q", "specguard", [0, 1, 7], False, stats={"accepted_steps": 1, "steps": 2})
+    assert F.classify(ar, step, 40)["class"] == "accepted draft step"
+    assert F.classify(ar, row("q", "fly-mla", [0, 1, 7], False), 40)["class"] == "other"
+
+
+def test_failures_lists_only_answers_ar_had_right_and_a_lossy_method_wrong(tmp_path):
+    d = write(tmp_path, [
+        row("a", "ar", [1, 2, 3], True), row("a", "fly-mla", [1, 2, 4], False, stats={"fly_deferred": 1}),
+        row("a", "exact-mla", [1, 2, 3], True),
+        row("b", "ar", [1, 2, 3], False), row("b", "fly-mla", [1, 2, 5], False, stats={"fly_deferred": 1}),
+        row("c", "ar", [4, 5], True), row("c", "fly-mla", [4, 5], True),
+    ])
+    lost = F.failures(d)
+    assert [(f["question_id"], f["method"], f["class"]) for f in lost] == [("a", "fly-mla", "deferred mismatch")]
+    d2 = tmp_path / "order"
+    d2.mkdir()
+    order = write(d2, [r for q in ("p/10", "p/9") for r in (row(q, "ar", [1], True), row(q, "fly-mla", [2], False))])
+    assert [f["question_id"] for f in F.failures(order)] == ["p/9", "p/10"]
+    table = F.failure_table([d], tmp_path.parent)
+    assert f"| {tmp_path.name} | fly-mla | 1 | 0 | 0 | 1 | 0 | 0 |" in table
+    assert "| a | fly-mla | deferred mismatch | 2 |" in table
+
+
+def test_failure_table_says_when_nothing_was_lost(tmp_path):
+    d = write(tmp_path, [row("a", "ar", [1], True), row("a", "fly-mla", [1], True)])
+    assert "(none lost)" in F.failure_table([d])
+
+
+def test_recovery_interval_narrows_with_n_and_tracks_the_losses():
+    small = F.recovery_interval(5, 0, 0, 5)
+    large = F.recovery_interval(1000, 0, 0, 1000)
+    assert small[0] < 0.8 < 1.25 < small[1]  # ten identical answers decide nothing
+    assert 0.99 < large[0] <= 1.0 <= large[1] < 1.01
+    lossy = F.recovery_interval(50, 50, 0, 100)  # half of ar's right answers lost
+    assert lossy[1] < 0.7 and lossy[0] > 0.35
+
+
+def test_retention_verdicts(tmp_path):
+    def table(d, both, ar_only, method_only, neither):
+        rows, i = [], 0
+        for n, (a, m) in ((both, (True, True)), (ar_only, (True, False)), (method_only, (False, True)),
+                          (neither, (False, False))):
+            for _ in range(n):
+                rows += [row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [1] if a == m else [2], m)]
+                i += 1
+        d.mkdir()
+        return write(d, rows)
+
+    kept = F.retention(table(tmp_path / "kept", 1000, 0, 0, 1000))["fly-mla"]
+    assert kept["verdict"] == "kept" and kept["mcnemar_p"] == 1.0
+    lost = F.retention(table(tmp_path / "lost", 50, 50, 0, 100))["fly-mla"]
+    assert lost["verdict"] == "lost" and lost["mcnemar_p"] < 1e-10
+    small = F.retention(table(tmp_path / "small", 5, 1, 1, 3))["fly-mla"]
+    assert small["verdict"] == "not decided at n = 10"
+    assert small["ar_right_method_wrong"] == 1 and small["ar_wrong_method_right"] == 1
+    text = F.retention_table([tmp_path / "small"], tmp_path)
+    assert "| small | fly-mla | 10 | 0.60 | 0.60 (" in text and "| 1 / 1 | 1 |" in text
+    assert text.rstrip().endswith("not decided at n = 10 |")
+
+
+def test_mcnemar_in_the_summary_and_its_table():
+    rows = [row(f"q{i}", "ar", [1], True) for i in range(5)] + [row(f"q{i}", "fly-mla", [2], False) for i in range(5)]
+    s = B.summarize(rows)["methods"]["fly-mla"]
+    assert s["mcnemar_p"] == pytest.approx(2 / 32)
+    assert "| McNemar p |" in B.format_table(B.summarize(rows)) and "| 0.0625 |" in B.format_table(B.summarize(rows))
+
+
+def test_report_failures_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    d = write(tmp_path, [row("a", "ar", [1, 2, 3], True, output="so 3. The answer is 18."),
+                         row("a", "fly-mla", [1, 2, 4], False, output="so 4. The answer is 19.",
+                             stats={"fly_deferred": 1})])
+    p = subprocess.run([sys.executable, "-m", "loosespec.cli", "report", str(d), "--no-plots", "--failures"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "keeps >= 99% of ar?" in p.stdout and "not decided at n = 1" in p.stdout
+    assert "| a | fly-mla | deferred mismatch | 2 | 3 / 3 | 18 / 18 / 19 |" in p.stdout
