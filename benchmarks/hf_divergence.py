@@ -1,0 +1,108 @@
+"""Where transformers' ``generate`` leaves loosespec's ``ar`` on the same model (issue 20).
+
+In a low precision (int8 on CPUs without bf16 arithmetic) two splits of the same computation can round
+differently, and a near-tie then picks another token. This script takes one GSM8K problem of a committed
+evidence run and shows, on the precision ``--dtype auto`` picks here:
+
+1. ``ar`` against ``hf-ar`` (transformers' greedy ``generate``): the first new token where they differ, and
+   loosespec's cache fed as ``generate`` feeds it (the whole prompt in one forward, then one token at a time):
+   the largest logit difference to ``generate``'s over every step before it, and the token each picks there.
+   ``ar`` (every loosespec method) prefills the prompt without its last token and feeds that token with the
+   first drafts (``loosespec.decode.engine.decode``; ``loosespec.quant``'s row-wise attention), so all its
+   methods compute every position alike.
+2. ``hf-assist`` (transformers' assisted generation) against ``hf-ar``: the first differing token, and the
+   target's attention calls by number of queries and whether their mask is the plain causal one.
+
+    python benchmarks/hf_divergence.py [--problem 0] [--tokens 40] [--results results/bench/evidence/gsm8k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+
+def first_diff(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problem", type=int, default=0, help="GSM8K test row")
+    ap.add_argument("--tokens", type=int, default=40, help="new tokens to generate")
+    ap.add_argument("--results", type=Path, default=Path("results/bench/evidence/gsm8k"),
+                    help="a bench directory with ar's row for the problem")
+    args = ap.parse_args(argv)
+
+    import torch
+    from transformers import AttentionInterface
+
+    from loosespec import quant
+    from loosespec.decode.engine import Engine
+    from loosespec.decode.kv import CachedLM
+    from loosespec.decode.text import encode_prompt
+    from loosespec.eval.datasets import load_dataset
+    from loosespec.eval.harness import RESULTS, ResultsFile
+
+    qid = f"gsm8k/{args.problem}"
+    ar = next(r for r in ResultsFile(args.results / RESULTS).read() if r["method"] == "ar" and r["question_id"] == qid)
+    engine = Engine.load(progress=False)
+    model = engine.target.model
+    ids = encode_prompt(engine.tokenizer, load_dataset("gsm8k", limit=args.problem + 1)[args.problem].prompt)
+    inp = ids.unsqueeze(0)
+    eos = sorted(engine.stop_ids)
+    kw = dict(attention_mask=torch.ones_like(inp), max_new_tokens=args.tokens, do_sample=False, temperature=None,
+              top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0], return_dict_in_generate=True,
+              output_logits=True)
+    print(f"{qid}: the default pair, precision "
+          f"{getattr(engine, 'precision', '?')}, attention {model.config._attn_implementation}, prompt {len(ids)} tokens")
+
+    calls = collections.Counter()
+    rowwise = quant.rowwise_attention
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        n, total = query.shape[2], key.shape[2]
+        plain = attention_mask is None
+        if not plain:
+            allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+            causal = torch.arange(total)[None, :] <= (total - n + torch.arange(n))[:, None]
+            plain = allowed.shape[-2:] == causal.shape and bool((allowed == causal).all())
+        calls[(n if n <= quant.ROWWISE_MAX_QUERIES else "prefill", "causal" if plain else "other mask")] += 1
+        return rowwise(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(quant.ROWWISE_ATTENTION, spy)
+    with torch.inference_mode():
+        hf = model.generate(inp, **kw)
+        hf_calls = dict(calls)
+        calls.clear()
+        assist = model.generate(inp, assistant_model=engine.draft.model, tokenizer=engine.tokenizer, **kw)
+    hf_ids = hf.sequences[0, inp.shape[1]:].tolist()
+    assist_ids = assist.sequences[0, inp.shape[1]:].tolist()
+
+    k = first_diff(ar["token_ids"], hf_ids)
+    print(f"\n1. ar and hf-ar part at new token {k}: ar {ar['token_ids'][k] if k is not None else '-'}, "
+          f"hf-ar {hf_ids[k] if k is not None else '-'}")
+    if k is not None:
+        cache = CachedLM(model)
+        seq = torch.cat([ids, torch.tensor(hf_ids[:k])])
+        worst, last = 0.0, None
+        with torch.inference_mode():
+            for j, n in enumerate(range(len(ids), len(seq) + 1)):
+                last = cache.logits(seq[:n], 1)[0]
+                worst = max(worst, float((last - hf.logits[j][0].float()).abs().max()))
+        top = torch.topk(last, 2)
+        print(f"   loosespec's cache fed as generate feeds it: largest logit difference to generate's over steps 0..{k}: "
+              f"{worst:g}; it picks {int(last.argmax())} (top two {top.indices.tolist()}, logits "
+              f"{[round(v, 3) for v in top.values.tolist()]})")
+    j = first_diff(hf_ids, assist_ids)
+    print(f"\n2. hf-assist and hf-ar part at new token {j}: hf-ar {hf_ids[j] if j is not None else '-'}, "
+          f"hf-assist {assist_ids[j] if j is not None else '-'}")
+    print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")
+    print(f"   in hf-assist (target and draft): {dict(calls)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
