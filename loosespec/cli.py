@@ -486,8 +486,8 @@ def report(
     spec_bench: Optional[Path] = typer.Option(None, help="Also write one <method>.jsonl per method here in "
                                               "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
     failures: bool = typer.Option(False, "--failures", help="Also print, for scored sets, whether each lossy "
-                                  "method keeps >= 99% of ar's accuracy (recovery with a paired bootstrap "
-                                  "interval, McNemar's p) and every answer ar got right and a lossy method "
+                                  "method keeps >= 99% of ar's accuracy (recovery with a 95% interval from "
+                                  "the paired right/wrong table, McNemar's p) and every answer ar got right and a lossy method "
                                   "wrong, classified (repetition loop, truncated at the budget, deferred "
                                   "mismatch, accepted draft step, other)."),
 ):
