@@ -24,10 +24,6 @@ import json
 from pathlib import Path
 
 
-def first_diff(a, b):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problem", type=int, default=0, help="GSM8K test row")
@@ -44,6 +40,7 @@ def main(argv=None) -> int:
     from loosespec.decode.kv import CachedLM
     from loosespec.decode.text import encode_prompt
     from loosespec.eval.datasets import load_dataset
+    from loosespec.eval.failures import first_divergence
     from loosespec.eval.harness import RESULTS, ResultsFile
 
     qid = f"gsm8k/{args.problem}"
@@ -63,12 +60,8 @@ def main(argv=None) -> int:
     rowwise = quant.rowwise_attention
 
     def spy(module, query, key, value, attention_mask, **kwargs):
-        n, total = query.shape[2], key.shape[2]
-        plain = attention_mask is None
-        if not plain:
-            allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-            causal = torch.arange(total)[None, :] <= (total - n + torch.arange(n))[:, None]
-            plain = allowed.shape[-2:] == causal.shape and bool((allowed == causal).all())
+        n = query.shape[2]
+        plain = quant.plain_causal(attention_mask, n, key.shape[2])
         calls[(n if n <= quant.ROWWISE_MAX_QUERIES else "prefill", "causal" if plain else "other mask")] += 1
         return rowwise(module, query, key, value, attention_mask, **kwargs)
 
@@ -81,7 +74,7 @@ def main(argv=None) -> int:
     hf_ids = hf.sequences[0, inp.shape[1]:].tolist()
     assist_ids = assist.sequences[0, inp.shape[1]:].tolist()
 
-    k = first_diff(ar["token_ids"], hf_ids)
+    k = first_divergence(ar["token_ids"], hf_ids)
     print(f"\n1. ar and hf-ar part at new token {k}: ar {ar['token_ids'][k] if k is not None else '-'}, "
           f"hf-ar {hf_ids[k] if k is not None else '-'}")
     if k is not None:
@@ -96,7 +89,7 @@ def main(argv=None) -> int:
         print(f"   loosespec's cache fed as generate feeds it: largest logit difference to generate's over steps 0..{k}: "
               f"{worst:g}; it picks {int(last.argmax())} (top two {top.indices.tolist()}, logits "
               f"{[round(v, 3) for v in top.values.tolist()]})")
-    j = first_diff(hf_ids, assist_ids)
+    j = first_divergence(hf_ids, assist_ids)
     print(f"\n2. hf-assist and hf-ar part at new token {j}: hf-ar {hf_ids[j] if j is not None else '-'}, "
           f"hf-assist {assist_ids[j] if j is not None else '-'}")
     print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")

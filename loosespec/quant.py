@@ -98,6 +98,17 @@ ROWWISE_MAX_QUERIES = 64
 ROWWISE_ATTENTION = "loosespec_rowwise"
 
 
+def plain_causal(attention_mask: torch.Tensor | None, n: int, total: int) -> bool:
+    """Whether ``attention_mask`` (bool, or additive with 0 where allowed; ``[..., n, total]``) lets each of
+    the last ``n`` of ``total`` positions see exactly itself and the positions before it (None: yes)."""
+    if attention_mask is None:
+        return True
+    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    pos = torch.arange(total, device=allowed.device)
+    causal = pos[None, :] <= (total - n + torch.arange(n, device=allowed.device))[:, None]  # [n, total]
+    return allowed.shape[-2:] == causal.shape and bool((allowed == causal).all())
+
+
 def rowwise_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
     """transformers attention function: each of up to ``ROWWISE_MAX_QUERIES`` queries computed alone.
@@ -115,12 +126,8 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
                                       is_causal=is_causal, **kwargs)
     gqa = query.shape[1] != key.shape[1]
     total = key.shape[2]
-    if attention_mask is not None:  # the plain causal mask (the usual case) is what the slicing below already does
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        pos = torch.arange(total, device=allowed.device)
-        causal = pos[None, :] <= (total - n + torch.arange(n, device=allowed.device))[:, None]  # [n, total]
-        if allowed.shape[-2:] == causal.shape and bool((allowed == causal).all()):
-            attention_mask = None
+    if plain_causal(attention_mask, n, total):  # what the slicing below already does (the usual case)
+        attention_mask = None
     rows = []
     for i in range(n):
         kv = total - n + i + 1

@@ -106,3 +106,18 @@ def test_smollm_int8_exact_equals_ar(drafter, tmp_path, monkeypatch):
             r = engine.generate(prompt, cfg)
             assert r.token_ids == ar.token_ids, (prompt, adaptive)
     assert r.stats.precision == "int8"
+
+
+def test_plain_causal_recognises_only_the_causal_mask():
+    from loosespec.quant import plain_causal
+
+    n, total = 3, 7
+    causal = torch.arange(total)[None, :] <= (total - n + torch.arange(n))[:, None]
+    assert plain_causal(None, n, total)
+    assert plain_causal(causal[None, None], n, total)
+    additive = torch.zeros(1, 1, n, total).masked_fill(~causal, float("-inf"))
+    assert plain_causal(additive, n, total)
+    padded = causal.clone()
+    padded[:, 0] = False  # a padded first position
+    assert not plain_causal(padded[None, None], n, total)
+    assert not plain_causal(causal[None, None], n + 1, total + 1)  # another shape

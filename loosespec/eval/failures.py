@@ -167,16 +167,13 @@ def retention(out: Path) -> dict[str, dict]:
     :data:`KEEP`."""
     rows, _ = _load(out)
     summary = summarize(rows)["methods"]
-    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
     verdicts = {}
     for m, s in summary.items():
         if not s["lossy"] or "accuracy" not in s:
             continue
-        pairs = [(bool(ar[r["question_id"]]["score"]), bool(r["score"])) for r in rows
-                 if r["method"] == m and r["question_id"] in ar and r.get("score") is not None
-                 and ar[r["question_id"]].get("score") is not None]
-        cells = [sum(p == c for p in pairs) for c in ((True, True), (True, False), (False, True), (False, False))]
-        ci = recovery_interval(*cells)
+        ar_only, method_only = s["ar_right_method_wrong"], s["ar_wrong_method_right"]
+        both = round(s["ar_accuracy"] * s["scored"]) - ar_only  # the paired table, from the summary's counts
+        ci = recovery_interval(both, ar_only, method_only, s["scored"] - both - ar_only - method_only)
         if ci[0] >= KEEP:
             verdict = "kept"
         elif ci[1] < KEEP:
