@@ -90,6 +90,7 @@ def test_streams_text_and_reports_speedup(tiny_dir):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow  # make test checks exact == ar on SmolLM2 in-process (test_real_smollm) and through the CLI in int8
 def test_acceptance_smollm_exact_ngram_equals_ar():
     common = ["generate", "--json", "--dtype", "float32", "--target", "smollm2-135m-instruct",
               "--max-new-tokens", "40", "Write a Python function that reverses a list."]

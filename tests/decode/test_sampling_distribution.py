@@ -191,7 +191,7 @@ CASES = {  # name: (engine fixture, drafter, sampling knobs)
 
 
 SLOW_CASES = {"tli-mla", "model-T0.7-top-k-6"}  # make test-full; make test keeps one case per drafter and TLI
-SLOW_CONTROLS = {"shared-uniform-tli-model", "perturbed-q-mla"}
+SLOW_CONTROLS = {"shared-uniform-tli-model", "perturbed-q-mla", "perturbed-q-tli-model"}  # one control per fault
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES])

@@ -23,7 +23,8 @@ def _static_engine(engine: Engine, compile_backend: str | None) -> Engine:
                   compile=compile_backend is not None, compile_backend=compile_backend or "inductor")
 
 
-@pytest.mark.parametrize("compile_backend", [None, "eager"], ids=["static", "static-compiled"])
+@pytest.mark.parametrize("compile_backend", [None, pytest.param("eager", marks=pytest.mark.slow)],
+                         ids=["static", "static-compiled"])  # compiling is off by default: make test-full
 def test_static_cache_generates_what_the_dynamic_cache_does(tiny_engine, compile_backend):
     static = _static_engine(tiny_engine, compile_backend)
     prompt = "def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib"
