@@ -15,7 +15,11 @@ loses is put in the first class that fits, read from the two result rows:
 - ``other``: none of these (for a method whose lossy rule never fired, a divergence from ``ar`` is a bug).
 
 Each failure also carries where the two outputs part (token index, and the text around the first differing
-character), which is what a reader needs to check the class by eye.
+character), which is what a reader needs to check the class by eye, and whether each output opens by restating
+the question (:func:`restates_question`: its first :data:`OPENING_CHARS` characters copy at least
+:data:`RESTATE_CHARS` characters of the prompt verbatim). :func:`opening_table` counts those openings per method
+over a whole set with the accuracy of each kind: a lossy acceptance that makes answers restate the question
+more often than ``ar`` does shows there (MGSM zh/ja: issue 20).
 
 :func:`retention` answers "does the method keep ``ar``'s accuracy?" per method: the recovery (method
 accuracy / ``ar`` accuracy) with a 95% interval, and the verdict ``kept`` when the whole interval is at least
@@ -39,6 +43,8 @@ MIN_LOOP_REPEATS = 3  # times the span repeats at the end of the output, at leas
 MIN_LOOP_TOKENS = 24  # tokens the repeating tail covers, at least (a short "\n\n\n" is not a loop)
 KEEP = 0.99  # FLy's claim: at least 99% of the target's accuracy
 POSTERIOR_DRAWS = 20000  # draws of the paired table's posterior for the recovery's interval
+OPENING_CHARS = 200  # the opening of an output: its first characters
+RESTATE_CHARS = 20  # copied from the prompt verbatim within the opening, at least: "restates the question"
 CLASSES = ("repetition loop", "truncated at the budget", "deferred mismatch", "accepted draft step", "other")
 
 
@@ -76,6 +82,30 @@ def recovery_interval(both: int, ar_only: int, method_only: int, neither: int, d
     return round(float(lo), 4), round(float(hi), 4)
 
 
+def restates_question(output: str, prompt: str) -> bool:
+    """Whether ``output``'s first :data:`OPENING_CHARS` characters copy at least :data:`RESTATE_CHARS` characters
+    of ``prompt`` in one verbatim span (difflib's longest common block)."""
+    import difflib
+
+    opening = output[:OPENING_CHARS]
+    match = difflib.SequenceMatcher(None, opening, prompt, autojunk=False).find_longest_match(
+        0, len(opening), 0, len(prompt))
+    return match.size >= RESTATE_CHARS
+
+
+def _prompts(config: dict) -> dict[str, str]:
+    """The prompt of every problem of the run ``config`` describes, by id ({} when its set cannot be read here,
+    e.g. NIAH without the essays: the openings then show as "-")."""
+    from loosespec.errors import LoosespecError
+    from loosespec.eval.datasets import load_dataset
+
+    try:
+        problems = load_dataset(config["dataset"], None, config.get("data_dir"), **config.get("dataset_options", {}))
+    except (LoosespecError, OSError, KeyError):
+        return {}
+    return {p.id: p.prompt for p in problems}
+
+
 def _answer(dataset: str, row: dict):
     """What the scorer read from the output where it is a number (gsm8k, mgsm); else right/wrong."""
     if dataset in ("gsm8k", "mgsm"):
@@ -90,8 +120,9 @@ def _snippet(text: str, at: int, before: int = 50, after: int = 40) -> str:
     return s.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")
 
 
-def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "") -> dict:
-    """The class of one lost answer (see the module docstring) and where the outputs part."""
+def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", prompt: str | None = None) -> dict:
+    """The class of one lost answer (see the module docstring), where the outputs part, and (given the problem's
+    ``prompt``) whether each opens by restating the question."""
     stats = row.get("stats") or {}
     at_budget = row["new_tokens"] >= max_new_tokens
     loop = repetition_loop(row["token_ids"]) if at_budget else None
@@ -113,6 +144,8 @@ def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "") ->
         "gold": row.get("answer"), "ar_answer": _answer(dataset, ar_row), "method_answer": _answer(dataset, row),
         "deferred": stats.get("fly_deferred"), "accepted_steps": stats.get("accepted_steps"),
         "loop_period": loop[0] if loop else None,
+        "restates": None if prompt is None else (restates_question(ar_row["output"], prompt),
+                                                 restates_question(row["output"], prompt)),
         "ar_text": _snippet(ar_row["output"], char) if char is not None else "",
         "text": _snippet(row["output"], char) if char is not None else "",
     }
@@ -130,22 +163,57 @@ def failures(out: Path) -> list[dict]:
     classified (:func:`classify`), in the order of the problems' numbers (``gsm8k/2`` before ``gsm8k/10``)."""
     rows, config = _load(out)
     ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
-    lost = [classify(ar[r["question_id"]], r, config["max_new_tokens"], config.get("dataset", "")) for r in rows
-            if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
+    lost = [r for r in rows if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
             and r.get("score") is not None and not r["score"]]
+    prompts = _prompts(config) if lost else {}
+    lost = [classify(ar[r["question_id"]], r, config["max_new_tokens"], config.get("dataset", ""),
+                     prompts.get(r["question_id"])) for r in lost]
     return sorted(lost, key=lambda f: ([int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f["question_id"])],
                                        f["method"]))
 
 
+def openings(out: Path) -> dict[str, dict]:
+    """Per method of the results directory ``out`` (``ar`` included), over its scored rows: how many open by
+    restating the question (:func:`restates_question`), and the accuracy of those and of the others."""
+    rows, config = _load(out)
+    prompts = _prompts(config)
+    tally: dict[str, dict[bool, list[int]]] = {}
+    for r in rows:
+        if r.get("score") is None or r["question_id"] not in prompts:
+            continue
+        kind = tally.setdefault(r["method"], {True: [0, 0], False: [0, 0]})[
+            restates_question(r["output"], prompts[r["question_id"]])]
+        kind[0] += 1
+        kind[1] += bool(r["score"])
+    return {m: {"scored": t[True][0] + t[False][0], "restates": t[True][0],
+                "accuracy_restating": t[True][1] / t[True][0] if t[True][0] else None,
+                "accuracy_other": t[False][1] / t[False][0] if t[False][0] else None} for m, t in tally.items()}
+
+
+def opening_table(dirs: Sequence[Path], root: Path | None = None) -> str:
+    """One line per (result directory, method): :func:`openings`."""
+    lines = [f"| results | method | n | opens by restating the question | accuracy when it does | "
+             f"accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for d in dirs:
+        name = str(Path(d).relative_to(root)) if root else str(d)
+        for m, v in openings(d).items():
+            acc = ["-" if a is None else f"{a:.2f}" for a in (v["accuracy_restating"], v["accuracy_other"])]
+            lines.append(f"| {name} | {m} | {v['scored']} | {v['restates']} ({v['restates'] / v['scored']:.2f}) | "
+                         f"{acc[0]} | {acc[1]} |")
+    return "\n".join(lines)
+
+
 def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
-    """Counts per (set, method, class), then one line per lost answer, for the result directories ``dirs``."""
+    """Counts per (set, method, class), the openings that restate the question per method (:func:`opening_table`),
+    then one line per lost answer, for the result directories ``dirs``."""
     counts: dict[tuple[str, str], dict[str, int]] = {}
     lines = []
     for d in dirs:
         name = str(Path(d).relative_to(root)) if root else str(d)
         for f in failures(d):
             counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
-            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {f['diverged_at_token']} | "
+            restates = "-" if f["restates"] is None else " / ".join("yes" if x else "no" for x in f["restates"])
+            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | {f['diverged_at_token']} | "
                          f"{f['ar_new_tokens']} / {f['new_tokens']} | {f['gold']} / {f['ar_answer']} / {f['method_answer']} | "
                          f"`{f['ar_text']}` | `{f['text']}` |")
     head = "| results | method | lost answers | " + " | ".join(CLASSES) + " |"
@@ -154,10 +222,11 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
         table.append(f"| {name} | {m} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in CLASSES) + " |")
     if not counts:
         table.append("| " + ", ".join(str(d) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
+    table += ["", opening_table(dirs, root)]
     if lines:
-        table += ["", "| problem | method | class | parts from ar at token | tokens (ar / method) "
-                  "| answer (gold / ar / method) | ar (» where they part) | method |",
-                  "| --- | --- | --- | ---: | ---: | ---: | --- | --- |"] + lines
+        table += ["", "| problem | method | class | restates the question (ar / method) | parts from ar at token "
+                  "| tokens (ar / method) | answer (gold / ar / method) | ar (» where they part) | method |",
+                  "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |"] + lines
     return "\n".join(table)
 
 

@@ -77,7 +77,30 @@ def test_failures_lists_only_answers_ar_had_right_and_a_lossy_method_wrong(tmp_p
     assert [f["question_id"] for f in F.failures(order)] == ["p/9", "p/10"]
     table = F.failure_table([d], tmp_path.parent)
     assert f"| {tmp_path.name} | fly-mla | 1 | 0 | 0 | 1 | 0 | 0 |" in table
-    assert "| a | fly-mla | deferred mismatch | 2 |" in table
+    assert "| a | fly-mla | deferred mismatch | - | 2 |" in table  # "-": no gsm8k problem is called "a"
+
+
+def test_openings_count_the_answers_that_restate_the_question(tmp_path):
+    from loosespec.eval.datasets import load_dataset
+
+    problems = load_dataset("gsm8k", 2)
+    question = [p.prompt.split("\n\n")[-1] for p in problems]
+    rows = [row("gsm8k/0", "ar", [1], True, output="16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 18."),
+            row("gsm8k/0", "fly-mla", [2], False, output=question[0][:60] + " So 9 * 2 = 12. The answer is 12.",
+                stats={"fly_deferred": 1}),
+            row("gsm8k/1", "ar", [1], True, output="2 + 1 = 3. The answer is 3.", answer="3"),
+            row("gsm8k/1", "fly-mla", [1], True, output=question[1][:40] + " 2 + 1 = 3. The answer is 3.", answer="3")]
+    d = write(tmp_path, rows)
+    assert F.openings(d) == {
+        "ar": {"scored": 2, "restates": 0, "accuracy_restating": None, "accuracy_other": 1.0},
+        "fly-mla": {"scored": 2, "restates": 2, "accuracy_restating": 0.5, "accuracy_other": None}}
+    n = F.RESTATE_CHARS
+    assert F.restates_question("Step 1: " + question[0][:n], problems[0].prompt)
+    assert not F.restates_question("Step 1: " + question[0][:n - 1], problems[0].prompt)
+    assert not F.restates_question("y" * F.OPENING_CHARS + question[0], problems[0].prompt)  # past the opening
+    table = F.failure_table([d], tmp_path.parent)
+    assert "| gsm8k/0 | fly-mla | deferred mismatch | no / yes | 0 |" in table
+    assert f"| {tmp_path.name} | fly-mla | 2 | 2 (1.00) | 0.50 | - |" in table
 
 
 def test_failure_table_says_when_nothing_was_lost(tmp_path):
@@ -135,4 +158,4 @@ def test_report_failures_on_the_command_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "keeps >= 99% of ar?" in p.stdout and "not decided at n = 1" in p.stdout
-    assert "| a | fly-mla | deferred mismatch | 2 | 3 / 3 | 18 / 18 / 19 |" in p.stdout
+    assert "| a | fly-mla | deferred mismatch | - | 2 | 3 / 3 | 18 / 18 / 19 |" in p.stdout
