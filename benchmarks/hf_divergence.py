@@ -10,8 +10,14 @@ evidence run and shows, on the precision ``--dtype auto`` picks here:
    ``ar`` (every loosespec method) prefills the prompt without its last token and feeds that token with the
    first drafts (``loosespec.decode.engine.decode``; ``loosespec.quant``'s row-wise attention), so all its
    methods compute every position alike.
-2. ``hf-assist`` (transformers' assisted generation) against ``hf-ar``: the first differing token, and the
-   target's attention calls by number of queries and whether their mask is the plain causal one.
+2. ``hf-assist`` (transformers' assisted generation) against ``hf-ar``: the first differing token, the
+   target's attention calls by number of queries and whether their mask is the plain causal one, and, for every
+   new token up to the first difference, the target forward of hf-assist that scored it (how many queries it
+   had) and the largest difference of its logits to ``generate``'s one-token-at-a-time logits.
+3. Why they differ from the first token: hf-assist's first target forward is the prompt together with the
+   first candidates. The script prefills the prompt alone and the prompt with those candidates, and prints the
+   largest difference of the last prompt row's logits, with transformers' SDPA for the long forward (as
+   ``generate`` runs it) and with the row-wise attention for every query count.
 
     python benchmarks/hf_divergence.py [--problem 0] [--tokens 40] [--results results/bench/evidence/gsm8k]
 """
@@ -66,11 +72,34 @@ def main(argv=None) -> int:
         return rowwise(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(quant.ROWWISE_ATTENTION, spy)
+    scored = {}  # new token index -> (queries of the target forward that scored it, its logits there)
+    past = []
+
+    def before(module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        past.append(cache.get_seq_length() if cache is not None else 0)
+
+    def after(module, args, kwargs, output):
+        start = past.pop()
+        queries = (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[-1]
+        rows = output.logits[0].float()
+        first = start + queries - rows.shape[0]  # the position of the first row kept (logits_to_keep)
+        for r in range(rows.shape[0]):
+            j = first + r + 1 - len(ids)  # the row at position p scores the token at p + 1
+            if j >= 0:
+                scored[j] = (queries, rows[r].clone())
+
     with torch.inference_mode():
         hf = model.generate(inp, **kw)
         hf_calls = dict(calls)
         calls.clear()
-        assist = model.generate(inp, assistant_model=engine.draft.model, tokenizer=engine.tokenizer, **kw)
+        hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+                 model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            assist = model.generate(inp, assistant_model=engine.draft.model, tokenizer=engine.tokenizer, **kw)
+        finally:
+            for h in hooks:
+                h.remove()
     hf_ids = hf.sequences[0, inp.shape[1]:].tolist()
     assist_ids = assist.sequences[0, inp.shape[1]:].tolist()
 
@@ -94,6 +123,39 @@ def main(argv=None) -> int:
           f"hf-assist {assist_ids[j] if j is not None else '-'}")
     print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")
     print(f"   in hf-assist (target and draft): {dict(calls)}")
+    # scored[j] is the last forward that scored token j; up to the first difference the two runs share the text
+    last = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1
+    print("   hf-assist's target logits against hf-ar's, new token: (queries of the forward that scored it) "
+          "largest difference")
+    for t in range(last + 1):
+        if t not in scored or t >= len(hf.logits):
+            continue
+        queries, row = scored[t]
+        ref = hf.logits[t][0].float()
+        top = torch.topk(row, 2)
+        print(f"   {t}: ({queries} queries) {float((row - ref).abs().max()):g}; picks {int(row.argmax())} "
+              f"(hf-ar {int(ref.argmax())}), top two logits {[round(v, 3) for v in top.values.tolist()]}")
+
+    first = min(scored.get(0, (0,))[0], len(ids) + len(assist_ids)) - len(ids)  # candidates riding with the prompt
+    if first > 0:
+        from transformers import DynamicCache
+
+        def last_prompt_row(tokens):
+            with torch.inference_mode():
+                out = model(input_ids=tokens.unsqueeze(0), past_key_values=DynamicCache(config=model.config),
+                            use_cache=True)
+            return out.logits[0, len(ids) - 1].float()
+
+        longer = torch.cat([ids, torch.tensor(assist_ids[:first])])
+        sdpa = float((last_prompt_row(ids) - last_prompt_row(longer)).abs().max())
+        limit, quant.ROWWISE_MAX_QUERIES = quant.ROWWISE_MAX_QUERIES, len(longer)
+        try:
+            rowwise_diff = float((last_prompt_row(ids) - last_prompt_row(longer)).abs().max())
+        finally:
+            quant.ROWWISE_MAX_QUERIES = limit
+        print(f"\n3. the prompt ({len(ids)} tokens) prefilled alone and with hf-assist's first {first} candidates: "
+              f"the last prompt row's logits differ by {sdpa:g} with SDPA for the long forward, by {rowwise_diff:g} "
+              f"with the row-wise attention for every query count")
     return 0
 
 
