@@ -88,6 +88,11 @@ def _quoted_figures() -> list[tuple[str, str]]:
     ev = _methods("results/bench/evidence/gsm8k")
     keep = retention(ROOT / "results/bench/evidence/gsm8k")["fly-mla"]
     assert keep["verdict"].startswith("not decided")  # what README says of it
+    from loosespec.eval.failures import openings
+
+    mg = retention(ROOT / "results/bench/evidence/mgsm")["fly-mla"]
+    assert mg["verdict"].startswith("not decided")  # what README and BENCHMARKS.md say of it
+    mg_open, gsm_open = openings(ROOT / "results/bench/evidence/mgsm"), openings(ROOT / "results/bench/evidence/gsm8k")
     c, auc = cal["choice"], cal["choice"]["at_tau"]["roc_auc"]
     return [
         # SpecGuard's calibration (results/calibration/specguard.json)
@@ -114,6 +119,18 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"{f(keep['recovery_ci95'][0])}-{f(keep['recovery_ci95'][1])}; {keep['ar_right_method_wrong']} answers "
             f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither"),
         (R, f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x: slower"),
+        (R, f"FLy runs at {f(mg['speedup'])}x with recovery {f(mg['recovery'])} (95% interval "
+            f"{f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}; {mg['ar_right_method_wrong']} answers lost, "
+            f"{mg['ar_wrong_method_right']} gained): not decided either"),
+        # the MGSM lost answers and openings, read (BENCHMARKS.md "The answers a lossy method lost, read")
+        (B, f"FLy lost {mg['ar_right_method_wrong']} answers and gained {mg['ar_wrong_method_right']} (recovery "
+            f"{f(mg['recovery'])}, 95% interval {f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}, McNemar p "
+            f"{mg['mcnemar_p']:.3g}): the clearest sign so far"),
+        (B, f"open by restating the question in {mg_open['fly-mla']['restates']} of {mg_open['fly-mla']['scored']} "
+            f"problems against `ar`'s {mg_open['ar']['restates']}, and there such answers are right less often (`ar`: "
+            f"{f(mg_open['ar']['accuracy_restating'])} against {f(mg_open['ar']['accuracy_other'])})"),
+        (B, f"the association is the other way round ({f(gsm_open['ar']['accuracy_restating'])} against "
+            f"{f(gsm_open['ar']['accuracy_other'])} for `ar`)"),
         (R, f"grounding alone does not separate the steps the target prefers here (AUC "
             f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})"),
         # vLLM, batch of one, GSM8K
