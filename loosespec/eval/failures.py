@@ -191,16 +191,16 @@ def openings(out: Path) -> dict[str, dict]:
 
 
 def opening_table(dirs: Sequence[Path], root: Path | None = None) -> str:
-    """One line per (result directory, method): :func:`openings`."""
-    lines = [f"| results | method | n | opens by restating the question | accuracy when it does | "
-             f"accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    """One line per (result directory, method): :func:`openings`; "" when no directory's prompts can be read."""
+    lines = ["| results | method | n | opens by restating the question | accuracy when it does | "
+             "accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for d in dirs:
         name = str(Path(d).relative_to(root)) if root else str(d)
         for m, v in openings(d).items():
             acc = ["-" if a is None else f"{a:.2f}" for a in (v["accuracy_restating"], v["accuracy_other"])]
             lines.append(f"| {name} | {m} | {v['scored']} | {v['restates']} ({v['restates'] / v['scored']:.2f}) | "
                          f"{acc[0]} | {acc[1]} |")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
@@ -222,7 +222,8 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
         table.append(f"| {name} | {m} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in CLASSES) + " |")
     if not counts:
         table.append("| " + ", ".join(str(d) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
-    table += ["", opening_table(dirs, root)]
+    opening = opening_table(dirs, root)
+    table += ["", opening] if opening else []
     if lines:
         table += ["", "| problem | method | class | restates the question (ar / method) | parts from ar at token "
                   "| tokens (ar / method) | answer (gold / ar / method) | ar (» where they part) | method |",

@@ -78,6 +78,7 @@ def test_failures_lists_only_answers_ar_had_right_and_a_lossy_method_wrong(tmp_p
     table = F.failure_table([d], tmp_path.parent)
     assert f"| {tmp_path.name} | fly-mla | 1 | 0 | 0 | 1 | 0 | 0 |" in table
     assert "| a | fly-mla | deferred mismatch | - | 2 |" in table  # "-": no gsm8k problem is called "a"
+    assert "opens by restating" not in table  # nor is there an openings table without a prompt to compare with
 
 
 def test_openings_count_the_answers_that_restate_the_question(tmp_path):
