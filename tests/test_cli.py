@@ -90,7 +90,7 @@ def test_streams_text_and_reports_speedup(tiny_dir):
 
 
 @pytest.mark.real_model
-@pytest.mark.slow  # make test checks exact == ar on SmolLM2 in-process (test_real_smollm) and through the CLI in int8
+@pytest.mark.slow  # make test checks exact == ar on SmolLM2 in-process (test_real_smollm, and in int8 test_quant)
 def test_acceptance_smollm_exact_ngram_equals_ar():
     common = ["generate", "--json", "--dtype", "float32", "--target", "smollm2-135m-instruct",
               "--max-new-tokens", "40", "Write a Python function that reverses a list."]
@@ -156,13 +156,20 @@ def test_models_cost_measures_once_then_reads_the_cache(tiny_dir, tmp_path):
                           "--max-n")
 
 
-def test_static_cache_from_the_cli_generates_what_the_dynamic_cache_does(tiny_dir, tmp_path):
-    common = ["generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
-              "--draft", str(tiny_dir / "draft"), "--max-new-tokens", "24", "def f(x):\n"]
+STATIC_CLI = ["generate", "--json", "--raw", "--dtype", "float32", "--max-new-tokens", "24", "def f(x):\n"]
+
+
+@pytest.mark.slow  # make test checks the static cache's output in-process (tests/decode/test_static_cache.py)
+def test_static_cache_from_the_cli_generates_what_the_dynamic_cache_does(tiny_dir):
+    common = STATIC_CLI + ["--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft")]
     dynamic, static = cli(*common), cli(*common, "--cache-implementation", "static", "--max-cache-len", "256")
     assert dynamic.returncode == 0 and static.returncode == 0, static.stderr
     d, s = json.loads(dynamic.stdout), json.loads(static.stdout)
     assert s["token_ids"] == d["token_ids"] and s["config"]["cache_implementation"] == "static"
+
+
+def test_static_cache_options_refuse_what_they_cannot_do(tiny_dir, tmp_path):
+    common = STATIC_CLI + ["--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft")]
     assert_one_line_error(cli(*common, "--compile"), "compile needs cache_implementation 'static'")
     assert_one_line_error(cli(*common, "--cache-implementation", "paged"), "'dynamic' or 'static'")
     p = cli("bench", "--dataset", "gsm8k", "--limit", "1", "--methods", "specguard", "--target",

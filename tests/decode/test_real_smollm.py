@@ -8,7 +8,7 @@ pytestmark = pytest.mark.real_model
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
-    "List three facts about the Moon.",
+    pytest.param("List three facts about the Moon.", marks=pytest.mark.slow),  # a second prompt: make test-full
 ]
 
 

@@ -194,8 +194,8 @@ def test_tau_zero_accepts_every_draft_step(smol_engine):
     assert_counts_only_committed(r)
 
 
-@pytest.mark.parametrize("on_reject, drafter", [("regenerate", "ngram"), ("draft-assisted", "ngram"),
-                                                ("draft-assisted", "mla")])
+@pytest.mark.parametrize("on_reject, drafter", [("regenerate", "ngram"), ("draft-assisted", "ngram"),  # mla: test-full
+                                                pytest.param("draft-assisted", "mla", marks=pytest.mark.slow)])
 def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, drafter):
     ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=40))
     r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", drafter, sg_tau=1.01, sg_on_reject=on_reject,
