@@ -124,10 +124,10 @@ def main(argv=None) -> int:
     print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")
     print(f"   in hf-assist (target and draft): {dict(calls)}")
     # scored[j] is the last forward that scored token j; up to the first difference the two runs share the text
-    last = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1
+    shared = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1  # up to and including the first differing token
     print("   hf-assist's target logits against hf-ar's, new token: (queries of the forward that scored it) "
           "largest difference")
-    for t in range(last + 1):
+    for t in range(shared + 1):
         if t not in scored or t >= len(hf.logits):
             continue
         queries, row = scored[t]

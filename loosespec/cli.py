@@ -487,10 +487,10 @@ def report(
                                               "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
     failures: bool = typer.Option(False, "--failures", help="Also print, for scored sets, whether each lossy "
                                   "method keeps >= 99% of ar's accuracy (recovery with a 95% interval from "
-                                  "the paired right/wrong table, McNemar's p) and every answer ar got right and a lossy method "
-                                  "wrong, classified (repetition loop, truncated at the budget, deferred "
-                                  "mismatch, accepted draft step, other), with how often each method's answers open by restating the "
-                                  "question."),
+                                  "the paired right/wrong table, McNemar's p) and every answer ar got right "
+                                  "and a lossy method wrong, classified (repetition loop, truncated at the "
+                                  "budget, deferred mismatch, accepted draft step, other), with how often "
+                                  "each method's answers open by restating the question."),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
     from loosespec.eval import harness as B
