@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")
     print(f"   in hf-assist (target and draft): {dict(calls)}")
     # scored[j] is the last forward that scored token j; up to the first difference the two runs share the text
-    shared = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1  # up to and including the first differing token
+    shared = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1  # to the first difference
     print("   hf-assist's target logits against hf-ar's, new token: (queries of the forward that scored it) "
           "largest difference")
     for t in range(shared + 1):
