@@ -213,9 +213,9 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
         for f in failures(d):
             counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
             restates = "-" if f["restates"] is None else " / ".join("yes" if x else "no" for x in f["restates"])
-            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | {f['diverged_at_token']} | "
-                         f"{f['ar_new_tokens']} / {f['new_tokens']} | {f['gold']} / {f['ar_answer']} / {f['method_answer']} | "
-                         f"`{f['ar_text']}` | `{f['text']}` |")
+            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | "
+                         f"{f['diverged_at_token']} | {f['ar_new_tokens']} / {f['new_tokens']} | "
+                         f"{f['gold']} / {f['ar_answer']} / {f['method_answer']} | `{f['ar_text']}` | `{f['text']}` |")
     head = "| results | method | lost answers | " + " | ".join(CLASSES) + " |"
     table = [head, "| --- | --- |" + " ---: |" * (len(CLASSES) + 1)]
     for (name, m), c in counts.items():
