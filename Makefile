@@ -215,12 +215,14 @@ EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar
 evidence-humaneval: evidence-models peers
 	$(BIN)/loosespec bench --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
 		--methods $(EVID_HUMANEVAL_METHODS) --out $(EVIDENCE_DIR)/humaneval
-# MGSM in two languages far from English, EVID_MGSM_N per language
+# MGSM in two languages far from English, EVID_MGSM_N per language; with FLy's copy guard (a labeled LOSSY
+# variant, off by default: --fly-copy-guard) against the failure class read in these runs
 EVID_MGSM_N ?= 50
 EVID_MGSM_LANGS ?= zh,ja
+EVID_MGSM_METHODS ?= ar,fly-mla,fly-mla@fly_copy_guard=4
 evidence-mgsm: evidence-models
 	$(BIN)/loosespec bench --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) --max-new-tokens 384 \
-		--methods ar,fly-mla --out $(EVIDENCE_DIR)/mgsm
+		--methods $(EVID_MGSM_METHODS) --out $(EVIDENCE_DIR)/mgsm
 EVID_MATH_N ?= 50
 evidence-math500: evidence-models
 	$(BIN)/loosespec bench --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 \

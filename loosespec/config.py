@@ -240,6 +240,10 @@ class DecodeConfig:
     fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
                              "rejection (loose rule on rejection sampling).", lossy="FLy", vllm=True,
                              choices=FLY_SAMPLING)
+    fly_copy_guard: int = knob(0, "copy guard, a LOSSY variant not in the paper (0 = off, FLy as published): do not "
+                               "defer a mismatch when the draft's tokens from it on, this many, copy an n-gram of "
+                               "the prompt (answers that became copies of the question, issue 20).", lossy="FLy",
+                               ge=0, le=64)
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
     sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
     sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "

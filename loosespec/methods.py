@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 # FLy's per-round counters (loosespec.verify.fly.fly_events), per draft position seen by the rule
 FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+# counted only with FLy's copy guard on (DecodeConfig.fly_copy_guard, a labeled variant): mismatches it refused
+FLY_GUARD_COUNTERS = ("fly_copy_rejects",)
 
 
 @dataclass(frozen=True)
@@ -26,15 +28,17 @@ class Method:
     # drafter's confidence stop is off for it (a draft cut short would shrink the boundary every round)
     full_drafts: bool = False
 
-    def make_rule(self, cfg, sampling, generator):
-        """The rule verifying this method's rounds (for a step-level method: its target steps' rounds)."""
+    def make_rule(self, cfg, sampling, generator, prompt_ids=None):
+        """The rule verifying this method's rounds (for a step-level method: its target steps' rounds).
+        ``prompt_ids``: the request's prompt, which FLy's copy guard compares drafts with."""
         from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
 
         fly = self.name == "fly" or (self.step_level and cfg.sg_on_reject == "draft-assisted"
                                      and cfg.sg_verify == "fly")
         if fly:
             return FlyRule(cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k,
-                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator)
+                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator,
+                           copy_guard=cfg.fly_copy_guard, prompt_ids=prompt_ids)
         return GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
 
 
@@ -46,10 +50,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            lossy=False),
     Method("fly", "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
            "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
-           lossy=True, counters=FLY_COUNTERS, full_drafts=True),
+           lossy=True, counters=FLY_COUNTERS + FLY_GUARD_COUNTERS, full_drafts=True),
     Method("specguard", "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
            "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
-           "from the target's", lossy=True, counters=FLY_COUNTERS, step_level=True),
+           "from the target's", lossy=True, counters=FLY_COUNTERS + FLY_GUARD_COUNTERS, step_level=True),
 )}
 LOSSY_METHODS = frozenset(m.name for m in METHODS.values() if m.lossy)
 # every counter a method may report, in a stable order (the server exports each as loosespec:<name>)

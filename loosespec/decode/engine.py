@@ -160,7 +160,7 @@ class Generation:
 
     def _run(self) -> Iterator[Chunk]:
         e, cfg = self.engine, self.cfg
-        drafter, rule, generator = e.build(cfg)
+        drafter, rule, generator = e.build(cfg, self.prompt_ids)
         target_f0 = e.target_lm.forwards
         draft_f0 = e.draft_lm.forwards if e.draft_lm is not None else 0
         e.target_lm.reset()
@@ -307,8 +307,10 @@ class Engine:
             self._embedders[name] = DraftEmbedder() if name == "draft" else SentenceEmbedder(self.device)
         return self._embedders[name]
 
-    def build(self, cfg: DecodeConfig) -> tuple[Drafter | None, Rule, torch.Generator]:
-        """The drafter and rule a config asks for, and a fresh seeded generator they share.
+    def build(self, cfg: DecodeConfig, prompt_ids: torch.Tensor | None = None
+              ) -> tuple[Drafter | None, Rule, torch.Generator]:
+        """The drafter and rule a config asks for, and a fresh seeded generator they share; ``prompt_ids``:
+        the request's prompt (FLy's copy guard compares drafts with it).
 
         For ``specguard`` these are the token-level drafter and rule of the target's steps.
         """
@@ -350,7 +352,7 @@ class Engine:
             # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
             # which no per-round estimate describes: they keep K
             drafter = self._cost_aware(drafter, cfg)
-        return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator), generator
+        return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator, prompt_ids), generator
 
     def _check_rollback(self, cfg: DecodeConfig) -> None:
         """Speculation rolls caches back (rejected drafts): refuse it up front for a model whose cache cannot

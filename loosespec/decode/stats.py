@@ -9,7 +9,8 @@
   the counts behind it are ``num_drafted_per_pos`` and ``num_accepted_tokens_per_pos`` (vLLM's name),
   so rates pool across runs.
 - rule counters (FLy: ``fly_prefix_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
-  ``fly_window_rejects``, ``fly_boundary_rejects``) are summed over rounds.
+  ``fly_window_rejects``, ``fly_boundary_rejects``, and ``fly_copy_rejects`` with the copy guard on)
+  are summed over rounds.
 - SpecGuard (method ``specguard``): ``steps``, ``accepted_steps`` (the draft's step kept),
   ``target_steps`` (written by the target), ``candidates_drafted``, ``step_accept_rate`` and the
   mean ``grounding``, ``confidence`` and ``score`` of the scored candidates. An accepted step

@@ -35,6 +35,13 @@ Each condition is a separate function returning a ``[K]`` bool mask and :func:`l
 composes any of them, so ablations are compositions: ``window only`` = ``loose_mask(E, window,
 boundary)``, ``gate only`` = ``loose_mask(E, gate)``.
 
+**Copy guard** (a labeled variant, not in the paper or the official code; off by default): with
+``fly_copy_guard = n > 0`` a mismatch is not deferred when the draft tokens ``d[j .. j+n-1]`` (the
+kept token and the n - 1 after it) occur verbatim in the prompt: :func:`copies_prompt`. It answers a
+failure class read in issue 20's MGSM runs, where a deferred draft token turned the answer into a copy
+of the question and the answer went wrong. A refused deferral emits the target's own token there, so
+the guard only moves output towards the target's; it is still LOSSY (every other deferral stands).
+
 Sampling (T > 0) comes in two honestly named variants: ``two-sample`` (the official code: the
 draft is greedy and ``d_j`` "matches" when it equals either of two target samples; lossy even
 before loosening) and ``rejection`` (the loose rule layered on lossless rejection sampling: a
@@ -49,6 +56,7 @@ from dataclasses import replace
 import torch
 
 from loosespec.config import knob_default
+from loosespec.methods import FLY_GUARD_COUNTERS
 from loosespec.verify.exact import first_false, match_mask, prefix_verdict
 from loosespec.verify.rejection import native_accept, next_token
 from loosespec.verify.sampling import sample
@@ -105,6 +113,23 @@ def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu"
     return torch.arange(k, device=device) <= bound
 
 
+def prompt_ngrams(prompt_ids, n: int) -> frozenset[tuple[int, ...]]:
+    """Every n-gram of the prompt's token ids (the copy guard's reference), built once per request."""
+    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+    return frozenset(tuple(ids[i:i + n]) for i in range(len(ids) - n + 1))
+
+
+def copies_prompt(draft_tokens: torch.Tensor, grams: frozenset[tuple[int, ...]], n: int) -> torch.Tensor:
+    """[K] True where ``d[j .. j+n-1]`` is an n-gram of the prompt (``grams``: :func:`prompt_ngrams`).
+
+    Positions whose n tokens run past the draft's end are False: the guard cannot tell there, and the
+    boundary keeps a deferral's window inside the draft anyway (``n <= W`` always fits).
+    """
+    d = draft_tokens.tolist()
+    hits = [j + n <= len(d) and tuple(d[j:j + n]) in grams for j in range(len(d))]
+    return torch.tensor(hits, dtype=torch.bool, device=draft_tokens.device)
+
+
 def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
     """``E or (not E and all conditions)``: accept a mismatch when every condition holds there."""
     deferred = ~match
@@ -114,22 +139,28 @@ def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
 
 
 def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-             num_draft_tokens: int | None = None) -> torch.Tensor:
-    """FLy's final acceptance mask: gate, window and boundary composed (see module docstring)."""
+             num_draft_tokens: int | None = None, copy: torch.Tensor | None = None) -> torch.Tensor:
+    """FLy's final acceptance mask: gate, window and boundary composed (see module docstring); with the copy
+    guard's ``copy`` mask (:func:`copies_prompt`), a mismatch that copies the prompt is not deferred."""
     k = match.shape[0]
-    return loose_mask(match, gate_open(entropy, theta), window_clear(match, window_size),
-                      within_boundary(k, window_size, match.device, num_draft_tokens))
+    conditions = [gate_open(entropy, theta), window_clear(match, window_size),
+                  within_boundary(k, window_size, match.device, num_draft_tokens)]
+    if copy is not None:
+        conditions.append(~copy)
+    return loose_mask(match, *conditions)
 
 
 def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-               accept: torch.Tensor, num_draft_tokens: int | None = None) -> dict[str, int]:
+               accept: torch.Tensor, num_draft_tokens: int | None = None,
+               copy: torch.Tensor | None = None) -> dict[str, int]:
     """Counters for the mismatches the rule actually ruled on (positions up to the first reject).
 
     ``fly_prefix_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
     mismatch is attributed to the first condition it fails in that order. These are loosespec's own
     definitions: the official FLy code counts mismatches over all K draft positions before the gate,
     including those after the first reject, so its rates are not these (hence the ``prefix`` in the
-    name, which was ``fly_mismatches`` in results written before 2026-12-01).
+    name, which was ``fly_mismatches`` in results written before 2026-12-01). With the copy guard on
+    (``copy`` given) a sixth counter, ``fly_copy_rejects``, counts the mismatches only the guard refused.
     """
     k = match.shape[0]
     # positions up to and including the first reject, found on the device: the five counts below are read
@@ -144,25 +175,32 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     hard = miss & ~gate
     window_rej = miss & gate & ~window
     bound_rej = miss & gate & window & ~bound
-    counts = torch.stack([miss.sum(), deferred.sum(), hard.sum(), window_rej.sum(), bound_rej.sum()]).tolist()
-    return dict(zip(("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
-                     "fly_boundary_rejects"), counts))
+    names = ["fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects"]
+    masks = [miss, deferred, hard, window_rej, bound_rej]
+    if copy is not None:
+        names.append(FLY_GUARD_COUNTERS[0])
+        masks.append(miss & gate & window & bound & copy)
+    counts = torch.stack([m.sum() for m in masks]).tolist()
+    return dict(zip(names, counts))
 
 
 def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA,
-                      window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
+                      window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
+                      copy: torch.Tensor | None = None) -> Verdict:
     """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
-    the nominal K the boundary follows (default: the draft's length)."""
+    the nominal K the boundary follows (default: the draft's length); ``copy``: the copy guard's [k] mask
+    (:func:`copies_prompt`), None for the paper's rule."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
     draft_tokens = draft_tokens.to(target_tokens.device)
     match = match_mask(draft_tokens, target_tokens)
     return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                        num_draft_tokens)
+                        num_draft_tokens, copy)
 
 
 def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
                           generator: torch.Generator | None, theta: float = THETA, window_size: int = WINDOW,
-                          top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
+                          top_k: int = TOP_K, num_draft_tokens: int | None = None,
+                          copy: torch.Tensor | None = None) -> Verdict:
     """FLy as in the official code for T > 0 (LOSSY even before loosening).
 
     A draft token matches when it equals either of two samples from the target's distribution;
@@ -174,12 +212,14 @@ def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tenso
     k = draft_tokens.shape[0]
     first, second = sample(target_probs, generator), sample(target_probs, generator)  # [K + 1] each
     match = (draft_tokens == first[:k]) | (draft_tokens == second[:k])
-    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens)
+    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens,
+                        copy)
 
 
 def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
                          target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = THETA,
-                         window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None) -> Verdict:
+                         window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
+                         copy: torch.Tensor | None = None) -> Verdict:
     """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
 
     ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
@@ -190,23 +230,25 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens)
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
     return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
 
 
 def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
-               top_k: int = TOP_K, num_draft_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, int]]:
+               top_k: int = TOP_K, num_draft_tokens: int | None = None,
+               copy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, int]]:
     """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
     rejection-sampling acceptance), and the round's counters. ``target_logits``: [>= K, V] raw logits,
-    for the entropy gate. Every engine's FLy (this one's rules, the vLLM plugin) goes through here."""
+    for the entropy gate; ``copy``: the copy guard's mask (None: off). Every engine's FLy (this one's rules,
+    the vLLM plugin) goes through here."""
     entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
-    accept = fly_mask(match, entropy, theta, window_size, num_draft_tokens)
-    return accept, fly_events(match, entropy, theta, window_size, accept, num_draft_tokens)
+    accept = fly_mask(match, entropy, theta, window_size, num_draft_tokens, copy)
+    return accept, fly_events(match, entropy, theta, window_size, accept, num_draft_tokens, copy)
 
 
 def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                 num_draft_tokens=None) -> Verdict:
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens)
+                 num_draft_tokens=None, copy=None) -> Verdict:
+    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy)
     return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events)

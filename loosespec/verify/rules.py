@@ -13,7 +13,8 @@ import torch
 
 from loosespec.drafters.base import Draft
 from loosespec.verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
-from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
+from loosespec.verify.fly import (copies_prompt, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample,
+                                  prompt_ngrams)
 
 
 class Rule(Protocol):
@@ -51,22 +52,34 @@ class RejectionRule:
 
 
 class FlyRule:
-    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0."""
+    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0.
+
+    ``copy_guard`` = n > 0 turns on the copy guard (a labeled variant, :func:`loosespec.verify.fly.copies_prompt`):
+    no deferral where the draft's next n tokens copy an n-gram of ``prompt_ids``.
+    """
 
     def __init__(self, theta: float, window_size: int, top_k: int, num_draft_tokens: int, fly_sampling: str,
-                 sampling: SamplingParams, generator: torch.Generator | None):
+                 sampling: SamplingParams, generator: torch.Generator | None, copy_guard: int = 0,
+                 prompt_ids: torch.Tensor | None = None):
+        if copy_guard and prompt_ids is None:
+            raise ValueError("FLy's copy guard compares drafts with the prompt: pass prompt_ids")
         self.sampling = sampling
         self.generator = generator
         self.variant = "greedy" if sampling.greedy else fly_sampling
         # the boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
         self.knobs = {"theta": theta, "window_size": window_size, "top_k": top_k,
                       "num_draft_tokens": num_draft_tokens}
+        self.copy_guard = copy_guard
+        self.grams = prompt_ngrams(prompt_ids, copy_guard) if copy_guard else None
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        knobs = self.knobs
+        if self.grams is not None:
+            knobs = {**knobs, "copy": copies_prompt(draft.tokens, self.grams, self.copy_guard).to(logits.device)}
         if self.variant == "greedy":
-            return fly_verify_greedy(draft.tokens, logits, **self.knobs)
+            return fly_verify_greedy(draft.tokens, logits, **knobs)
         p = logits_to_probs(logits, self.sampling)
         if self.variant == "two-sample":
-            return fly_verify_two_sample(draft.tokens, logits, p, self.generator, **self.knobs)
+            return fly_verify_two_sample(draft.tokens, logits, p, self.generator, **knobs)
         return fly_verify_rejection(draft.tokens, draft_probs(draft, p.shape[-1]), logits, p, self.generator,
-                                    **self.knobs)
+                                    **knobs)

@@ -87,3 +87,18 @@ def test_fly_model_drafts_the_full_k_without_the_confidence_stop(tiny_engine):
     # every round drafted what it asked for: K, or the budget's rest near the end (k = min(K, left - 1))
     assert all(drafted == choice for drafted, _, _, choice in r.stats.round_records), r.stats.round_records
     assert max(r.stats.draft_lengths) == fly.num_draft_tokens
+
+
+
+def test_copy_guard_tiny(tiny_engine):
+    """FLy's copy guard (a labeled LOSSY variant, off by default) end to end. On the tiny pair, a guard of one
+    token (the kept draft token occurs in the prompt) refuses deferrals and counts them; a guard of three
+    tokens finds no draft copying the prompt and leaves the paper's output as it was. The config records it."""
+    kw = dict(max_new_tokens=60, num_draft_tokens=15, has_draft_model=True, adaptive_draft_length=False,
+              fly_window_size=2, fly_entropy_threshold=0.0)
+    paper, one, three = (tiny_engine.generate(PROMPT, DecodeConfig.create("fly", "model", fly_copy_guard=n, **kw),
+                                              raw=True) for n in (0, 1, 3))
+    assert paper.stats.events["fly_deferred"] > 0 and "fly_copy_rejects" not in paper.stats.events
+    assert one.stats.events["fly_copy_rejects"] > 0 and one.token_ids != paper.token_ids
+    assert three.stats.events["fly_copy_rejects"] == 0 and three.token_ids == paper.token_ids
+    assert one.config["fly_copy_guard"] == 1 and one.config["lossy"] is True
