@@ -23,7 +23,8 @@ Two steps:
 - ``syncs``: host-device synchronisations per round under ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA only);
 - ``peak_memory``: peak GPU memory of exact-mla and SpecGuard after a 4k-token prompt (CUDA only);
 - ``vllm_rule``: the vLLM V2 rule function (``fly_rejection_sample_v2``) on a 64-request batch on the device,
-  equal to its CPU result.
+  greedy equal to its CPU result; a mixed greedy/sampled batch timed per request and on the padded layout
+  (``LOOSESPEC_V2_SAMPLED_PATH``), whose greedy rows must agree.
 """
 
 from __future__ import annotations
@@ -514,28 +515,43 @@ def vllm_rule_section(rec: dict, device, vocab: int, requests: int = 64, k: int 
     idx = torch.randperm(requests, generator=g)
     settings = FlySettings(fly_entropy_threshold=0.0)  # gate open: deferral paths run
 
-    def call(dev, temperature):
+    def call(dev, temperature, sampled_path="per-request"):
         t = lambda x: x.to(dev)
         return fly_rejection_sample_v2(t(raw), t(raw), None, t(sampled), t(cu), t(pos), t(idx), t(temperature),
-                                       t(torch.arange(requests)), k, settings)
+                                       t(torch.arange(requests)), k, settings, sampled_path=sampled_path)
+
+    def timed(dev, temperature, sampled_path="per-request"):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = call(dev, temperature, sampled_path)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return result, round((time.perf_counter() - t0) * 1e3, 2)
 
     greedy_t = torch.zeros(requests)
     cpu = call(torch.device("cpu"), greedy_t)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    dev = call(device, greedy_t)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    rec["greedy_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    dev, rec["greedy_ms"] = timed(device, greedy_t)
     rec["greedy_equal_to_cpu"] = bool(torch.equal(cpu[0], dev[0].cpu()) and torch.equal(cpu[1], dev[1].cpu())
                                       and cpu[2] == dev[2])
     rec["events"] = dev[2]
     mixed_t = torch.where(torch.arange(requests) % 2 == 0, torch.tensor(0.0), torch.tensor(0.7))
-    s, n, _ = call(device, mixed_t)
-    s, n = s.cpu(), n.cpu()
-    well_formed = bool(((n >= 1) & (n <= lens + 1)).all()) and all(
-        bool((s[i, : int(n[i])] >= 0).all() and (s[i, int(n[i]):] == -1).all()) for i in range(requests))
+    greedy_rows = [i for i in range(requests) if float(mixed_t[idx[i]]) == 0.0]
+    well_formed = True
+    # a batch with sampled requests: per request (the default) and on the padded layout (LOOSESPEC_V2_SAMPLED_PATH)
+    for path in ("per-request", "padded"):
+        call(device, mixed_t, path)  # warm-up
+        (s, n, _), ms = timed(device, mixed_t, path)
+        s, n = s.cpu(), n.cpu()
+        ok = bool(((n >= 1) & (n <= lens + 1)).all()) and all(
+            bool((s[i, : int(n[i])] >= 0).all() and (s[i, int(n[i]):] == -1).all()) for i in range(requests))
+        if path == "per-request":
+            per_request = s
+        else:  # greedy requests: the same rows on either path
+            ok = ok and all(torch.equal(s[i], per_request[i]) for i in greedy_rows)
+        rec[f"mixed_{path}_ms"] = ms
+        rec[f"mixed_{path}_well_formed"] = ok
+        well_formed = well_formed and ok
     rec["mixed_well_formed"] = well_formed
     rec.update(requests=requests, k=k, vocab=vocab)
     rec["ok"] = rec["greedy_equal_to_cpu"] and well_formed

@@ -661,6 +661,8 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     fly = {"fly_prefix_mismatches": sum(r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0))
                                         for r in paired),
            "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired)}
+    if any("fly_copy_rejects" in r["stats"] for r in paired):  # FLy's copy guard was on (--fly-copy-guard)
+        fly["fly_copy_rejects"] = sum(r["stats"].get("fly_copy_rejects", 0) for r in paired)
     if fly["fly_prefix_mismatches"]:
         s.update(fly)
     return s

@@ -64,6 +64,19 @@ def test_summary_counts_only_prompts_shared_with_ar():
     assert fly["prompts"] == 1 and fly["speedup"] == pytest.approx(2.0)
 
 
+def test_summary_sums_the_fly_counters_and_the_copy_guards_only_where_it_ran():
+    def with_stats(r, **stats):
+        return {**r, "stats": stats}
+
+    plain = [with_stats(HAND[3], fly_prefix_mismatches=3, fly_deferred=1), with_stats(HAND[4], fly_prefix_mismatches=2)]
+    guarded = [{**with_stats(r, fly_prefix_mismatches=2, fly_deferred=0, fly_copy_rejects=1), "method": name}
+               for r, name in ((HAND[3], "fly-ngram@fly_copy_guard=4"), (HAND[4], "fly-ngram@fly_copy_guard=4"))]
+    s = B.summarize(HAND[:3] + plain + guarded)["methods"]
+    assert s["fly-ngram"]["fly_prefix_mismatches"] == 5 and s["fly-ngram"]["fly_deferred"] == 1
+    assert "fly_copy_rejects" not in s["fly-ngram"]
+    assert s["fly-ngram@fly_copy_guard=4"]["fly_copy_rejects"] == 2
+
+
 def test_wilson_and_bootstrap():
     assert B.wilson(0, 0) is None
     lo, hi = B.wilson(8, 10)

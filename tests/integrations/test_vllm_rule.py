@@ -603,3 +603,116 @@ def test_v2_greedy_batches_rule_vectorized_as_per_request():
         assert torch.equal(fast[0], slow[0]) and fast[0].dtype == slow[0].dtype, trial
         assert torch.equal(fast[1], slow[1]) and fast[1].dtype == torch.int32, trial
         assert fast[2] == slow[2], trial
+
+
+# --- the V2 batch's sampled requests on the padded layout (issue 22, 8; opt-in: sampled_path="padded") ---------
+
+def test_counter_uniform_is_uniform_keyed_and_stateless():
+    from scipy.stats import kstest
+
+    from loosespec.integrations.vllm.rule import counter_uniform
+
+    pos = torch.arange(200_000)
+    u = counter_uniform(torch.full_like(pos, 7), pos, 0)
+    assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all())
+    assert kstest(u.numpy(), "uniform").pvalue > 1e-3
+    assert torch.equal(u, counter_uniform(torch.full_like(pos, 7), pos, 0))  # no state: the same key, the same u
+    for other in (counter_uniform(torch.full_like(pos, 8), pos, 0), counter_uniform(torch.full_like(pos, 7), pos, 1),
+                  counter_uniform(torch.full_like(pos, 7 + 2**40), pos, 0)):  # seed, stream, the seed's high bits
+        assert float((other == u).double().mean()) < 1e-3
+    big = counter_uniform(torch.tensor([2**63 - 1, -5]), torch.tensor([2**40, 3]), 2)  # no overflow at the ends
+    assert bool(((big > 0) & (big < 1)).all())
+
+
+def test_v2_padded_sampled_path_rules_greedy_requests_as_per_request():
+    """Mixed batches on the padded layout: each greedy request gets exactly the per-request path's row (its draws
+    are the argmax), over random batches, drafts of every length, placeholders, both sampling variants."""
+    g = torch.Generator().manual_seed(8)
+    for trial in range(40):
+        k = int(torch.randint(1, 16, (1,), generator=g))
+        requests = int(torch.randint(2, 12, (1,), generator=g))
+        raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
+        settings = FlySettings(fly_window_size=int(torch.randint(1, 7, (1,), generator=g)),
+                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
+                               fly_sampling=["two-sample", "rejection"][trial % 2])
+        temps = torch.where(torch.rand(requests + 3, generator=g) < 0.5, 0.0, 0.7)
+        temps[idx[0]] = 0.7  # at least one sampled request: the padded path's own part runs
+        args = (raw / 0.7, raw, None, sampled, cu, pos, idx, temps, torch.arange(requests + 3), k, settings)
+        fast, fast_n, _ = fly_rejection_sample_v2(*args, sampled_path="padded")
+        slow, slow_n, _ = fly_rejection_sample_v2(*args)
+        for r in range(requests):
+            n = int(fast_n[r])
+            assert 1 <= n <= int(cu[r + 1] - cu[r]) and bool((fast[r, n:] == -1).all()), trial
+            if temps[idx[r]] == 0:
+                assert torch.equal(fast[r], slow[r]) and n == int(slow_n[r]), (trial, r)
+
+
+def _same_request_batch(requests, drafts, target, raw, temp, draft_logits=None):
+    """``requests`` requests with the same logits (processed and raw, [k + 1, V]), each with its own drafts
+    (``drafts`` [requests, k]) and seed."""
+    k = drafts.shape[1]
+    cu = torch.arange(requests + 1) * (k + 1)
+    sampled = torch.cat([torch.zeros(requests, 1, dtype=torch.long), drafts], 1).reshape(-1)
+    return (target.repeat(requests, 1), raw.repeat(requests, 1), draft_logits, sampled, cu,
+            torch.arange(k + 1).repeat(requests) + 100, torch.arange(requests), torch.full((requests,), temp),
+            torch.arange(requests) * 7919 + 3)
+
+
+@pytest.mark.parametrize("proposal", ["one-hot", "draft-distribution"])
+def test_v2_padded_rejection_with_the_gate_closed_emits_the_targets_distribution(proposal):
+    """FLy's rejection variant with the gate closed is lossless rejection sampling: over many seeds, the first
+    token the padded path emits is distributed as the target's p at that position (chi-square), for an n-gram
+    proposal (one-hot q) and for drafts sampled from a draft distribution q (the residual correction runs)."""
+    from scipy.stats import chisquare
+
+    g = torch.Generator().manual_seed(3)
+    vocab, k, requests, temp = 6, 2, 6000, 0.7
+    raw = torch.randn(k + 1, vocab, generator=g) * 1.5
+    target = raw / temp
+    p0 = target[0].softmax(-1)
+    draft_logits = None
+    if proposal == "one-hot":
+        drafts = torch.tensor([[int(p0.argmin()), 1]]).repeat(requests, 1)  # a poor first draft: corrections run
+    else:
+        z = torch.randn(k, vocab, generator=g) * 1.5
+        q = (z / temp).softmax(-1)
+        drafts = torch.stack([torch.multinomial(q[j], requests, replacement=True, generator=g) for j in range(k)], 1)
+        draft_logits = z.repeat(requests, 1, 1)
+    settings = FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection")
+    out, num, events = fly_rejection_sample_v2(*_same_request_batch(requests, drafts, target, raw, temp, draft_logits),
+                                               k, settings, sampled_path="padded")
+    first = out[:, 0]
+    assert bool((first >= 0).all()) and events["fly_deferred"] == 0
+    seen = torch.bincount(first, minlength=vocab).double()
+    assert chisquare(seen.numpy(), (p0.double() * requests).numpy()).pvalue > 1e-3
+
+
+def test_v2_padded_sampled_path_is_seeded_and_defers():
+    """The counter-based draws make a seeded request verify the same way every time; requests at different seeds
+    differ; with the gate open FLy defers on the padded path, and a bad path name is refused."""
+    g = torch.Generator().manual_seed(4)
+    vocab, k, requests = 8, 6, 64
+    raw = torch.randn(k + 1, vocab, generator=g) * 0.3  # uncertain everywhere: the gate opens
+    drafts = raw[:k].argmax(-1).repeat(requests, 1)
+    drafts[:, 0] = (drafts[:, 0] + 1) % vocab  # a mismatch the window may excuse
+    for variant in ("two-sample", "rejection"):
+        batch = _same_request_batch(requests, drafts, raw / 0.7, raw, 0.7)
+        settings = FlySettings(fly_entropy_threshold=0.0, fly_window_size=2, fly_sampling=variant)
+        a = fly_rejection_sample_v2(*batch, k, settings, sampled_path="padded")
+        b = fly_rejection_sample_v2(*batch, k, settings, sampled_path="padded")
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
+        assert len({tuple(row.tolist()) for row in a[0]}) > 1  # seeds differ, draws differ
+        assert a[2]["fly_deferred"] > 0
+    with pytest.raises(ValueError, match="sampled_path"):
+        fly_rejection_sample_v2(*batch, k, settings, sampled_path="fused")
+
+
+def test_plugin_reads_the_v2_sampled_path(fake_vllm, monkeypatch):
+    from loosespec.integrations.vllm import plugin
+
+    assert plugin.v2_sampled_path({}) == "per-request"
+    assert plugin.v2_sampled_path({"LOOSESPEC_V2_SAMPLED_PATH": " Padded "}) == "padded"
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_V2_SAMPLED_PATH", "fused")
+    with pytest.raises(ValueError, match="LOOSESPEC_V2_SAMPLED_PATH must be"):
+        plugin.register()

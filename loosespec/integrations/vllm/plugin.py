@@ -71,12 +71,13 @@ def register() -> None:
     settings = FlySettings.from_env()
     if settings is None:
         return
+    sampled_path = v2_sampled_path()  # a bad value refused before anything is patched
     import vllm.v1.sample.rejection_sampler as rs
 
     if getattr(rs.rejection_sample, "_loosespec", False):  # already patched in this process
         return
     counters = FlyCounters(os.environ.get("LOOSESPEC_FLY_STATS_FILE"))
-    _patch_v2_runner(settings, counters)
+    _patch_v2_runner(settings, counters, sampled_path)
     original_constraints = rs.apply_sampling_constraints
     greedy_temperature = getattr(rs.GREEDY_TEMPERATURE, "value", rs.GREEDY_TEMPERATURE)
 
@@ -190,7 +191,17 @@ def _call_by_name(fn, values: dict):
     return fn(**kwargs)
 
 
-def _patch_v2_runner(settings: FlySettings, counters: FlyCounters) -> None:
+def v2_sampled_path(environ=os.environ) -> str:
+    """``LOOSESPEC_V2_SAMPLED_PATH``: how the V2 runner's batches with sampled requests are ruled, ``per-request``
+    (the default) or ``padded`` (no per-request loop; counter-based draws, equal in distribution:
+    :func:`loosespec.integrations.vllm.rule.fly_rejection_sample_v2`)."""
+    value = environ.get("LOOSESPEC_V2_SAMPLED_PATH", "").strip().lower() or "per-request"
+    if value not in ("per-request", "padded"):
+        raise ValueError(f"LOOSESPEC_V2_SAMPLED_PATH must be 'per-request' or 'padded', got {value!r}")
+    return value
+
+
+def _patch_v2_runner(settings: FlySettings, counters: FlyCounters, sampled_path: str = "per-request") -> None:
     """FLy in the V2 model runner (vLLM's default on GPUs): wrap ``RejectionSampler._verify``, which holds
     the raw logits (FLy's gate reads them) before ``apply_sampling_params`` processes them, and rule through
     :func:`loosespec.integrations.vllm.rule.fly_rejection_sample_v2` instead of the fused kernel.
@@ -226,7 +237,7 @@ def _patch_v2_runner(settings: FlySettings, counters: FlyCounters) -> None:
         sampled, num_sampled, events = fly_rejection_sample_v2(
             processed, logits, a.get("draft_logits"), a["draft_sampled"] if verify_sampled is None else verify_sampled,
             cu_num_logits, a["pos"], a["idx_mapping"], states.temperature.gpu, states.seeds.gpu,
-            self.num_speculative_steps, settings)
+            self.num_speculative_steps, settings, sampled_path=sampled_path)
         counters.add(sampled, cu_num_logits[1:] - cu_num_logits[:-1] - 1, events)  # sampled is -1 past num_sampled
         return processed, sampled, num_sampled
 

@@ -23,8 +23,9 @@ Per request, greedy (``is_greedy[i]``, temperature 0) or sampled:
 Each request is ruled on independently, as in the transformers engine, in a Python loop over the
 batch (a handful of small tensor ops per request; a fused kernel would remove the per-request
 host round trips on a GPU). On the V2 runner's layout an all-greedy batch skips the loop: it is ruled
-on the padded ``[batch, K]`` layout with one device-to-host read (``_fly_v2_greedy``, tested equal to
-the per-request path); batches with sampled requests still take the loop.
+on the padded ``[batch, K]`` layout with one device-to-host read (``_fly_v2_padded``, tested equal to
+the per-request path); batches with sampled requests take the loop unless ``sampled_path="padded"``
+(counter-based draws: equal in distribution, not draw for draw; opt-in until measured on a GPU).
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def fly_rejection_sample_v2(
     num_speculative_steps: int,
     settings: FlySettings,
     vectorized: bool = True,  # an all-greedy batch ruled on the padded [batch, K] layout (False: per request)
+    sampled_path: str = "per-request",  # a batch with sampled requests: "per-request" | "padded" (counter draws)
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
     """FLy on vLLM's V2 model runner layout (the GPU default): ``(sampled [num_reqs, k + 1] int64,
     num_sampled [num_reqs] int32, counters)``.
@@ -208,10 +210,20 @@ def fly_rejection_sample_v2(
     re-lays the batch out as the V1 runner does (flattened drafts, bonus tokens drawn beforehand, ``q`` as
     probabilities) and rules through :func:`fly_rejection_sample`, so both runners apply one rule. A ``-1``
     placeholder draft and everything after it are rejected, as V2's own kernel does.
+
+    ``sampled_path="padded"`` rules a batch with sampled requests on the padded layout too (issue 22, 8: no
+    per-request loop, no ``.tolist()``), drawing from a counter-based generator keyed by each request's seed
+    and position: the same distribution as the per-request path, not the same draws, so it stays opt-in
+    (``LOOSESPEC_V2_SAMPLED_PATH=padded`` in the plugin) until a GPU measures it faster.
     """
+    if sampled_path not in ("per-request", "padded"):
+        raise ValueError(f"sampled_path must be 'per-request' or 'padded', got {sampled_path!r}")
     device = target_logits.device
-    if vectorized and bool((temperature[idx_mapping] == 0).all()):  # one read: is the whole batch greedy?
-        return _fly_v2_greedy(target_logits, raw_logits, draft_sampled, cu_num_logits, num_speculative_steps, settings)
+    if vectorized:
+        all_greedy = bool((temperature[idx_mapping] == 0).all())  # one read: is the whole batch greedy?
+        if all_greedy or sampled_path == "padded":
+            return _fly_v2_padded(target_logits, raw_logits, draft_logits, draft_sampled, cu_num_logits, pos,
+                                  idx_mapping, temperature, seed, num_speculative_steps, settings, all_greedy)
     cu = cu_num_logits.tolist()
     states = idx_mapping.tolist()
     temps = temperature.float().tolist()
@@ -259,12 +271,52 @@ def fly_rejection_sample_v2(
     return out.long(), num_sampled, events
 
 
-def _fly_v2_greedy(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_sampled: torch.Tensor,
-                   cu_num_logits: torch.Tensor, k_max: int, settings: FlySettings
-                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """:func:`fly_rejection_sample_v2` for a batch of greedy requests, on the padded ``[batch, K]`` layout with no
-    per-request loop and one device-to-host read (the counters): the same rule as the per-request path
-    (:func:`loosespec.verify.fly.fly_accept` on each request's own draft length), position by position.
+# the V2 batch's sampled requests on the padded layout (``sampled_path="padded"``) draw from a counter-based
+# generator: each uniform is a hash of (request seed, row position, stream), as vLLM's own kernels draw
+# tl_rand32(seed, pos), so a seeded request verifies the same way every time with no generator per request
+_M32 = 0xFFFFFFFF
+_ACCEPT, _FIRST, _SECOND, _NEXT = range(4)  # streams: native acceptance, two-sample draws, correction/bonus
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in ``[0, 2**32)`` held in int64, in halves so no product overflows."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply rounds, "lowbias32") on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: torch.Tensor, pos: torch.Tensor, stream: int) -> torch.Tensor:
+    """Uniforms in (0, 1), float64, one per element of ``seed``/``pos`` (broadcast): a hash of the request's
+    seed, the row's position and the stream, so the same request at the same position draws the same."""
+    seed, pos = seed.long(), pos.long()
+    h = _mix32((seed & _M32) ^ (stream * 0x9E3779B9 & _M32))
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    h = _mix32(h ^ (pos & _M32))
+    return (h.double() + 0.5) / 2.0**32
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` ([N, V], rows need not sum to 1) by inverse CDF at the uniforms ``u`` ([N])."""
+    cdf = probs.float().cumsum(-1)
+    v = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, v).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_logits: torch.Tensor | None,
+                   draft_sampled: torch.Tensor, cu_num_logits: torch.Tensor, pos: torch.Tensor,
+                   idx_mapping: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, k_max: int,
+                   settings: FlySettings, all_greedy: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """:func:`fly_rejection_sample_v2` on the padded ``[batch, K]`` layout, with no per-request loop and one
+    device-to-host read (the counters): greedy requests by the same rule as the per-request path (tested equal),
+    sampled ones with the counter-based draws above (equal in distribution, not draw for draw).
 
     Request ``r``'s drafts are ``draft_sampled[cu[r] + 1 + j]`` for ``j < k_r``, ``k_r`` its drafts up to the
     first ``-1`` placeholder; row ``cu[r] + j`` predicts draft ``j`` and row ``cu[r] + n`` gives the token
@@ -283,7 +335,13 @@ def _fly_v2_greedy(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     valid = j[None, :] < k[:, None]
     choice = target_logits.argmax(-1)  # [rows]
     safe = rows.clamp(max=num_rows - 1)
-    match = (drafts == choice[safe]) & valid
+    match = drafts == choice[safe]
+    sampled = None
+    if not all_greedy:
+        sampled = _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping,
+                              temperature, seed, settings)
+        match = torch.where(sampled["greedy"][:, None], match, sampled["match"])
+    match = match & valid
     entropy = topk_entropy(raw_logits, settings.fly_entropy_top_k)[safe]  # [R, K]
     gate = gate_open(entropy, settings.fly_entropy_threshold)
     w = settings.fly_window_size
@@ -294,10 +352,13 @@ def _fly_v2_greedy(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     bound = j[None, :] <= (k - w - 1)[:, None]  # the boundary of a draft of k_r tokens (nominal K = k_r)
     accept = (match | (gate & window & bound)) & valid
     n = accept.long().cumprod(1).sum(1)  # [R] kept draft tokens
+    nxt = choice[(starts + n).clamp(max=num_rows - 1)]
+    if sampled is not None:
+        nxt = torch.where(sampled["greedy"], nxt, sampled["next"](n, k))
     out = torch.full((len(k), k_max + 1), PLACEHOLDER, dtype=torch.long, device=device)
     keep = j[None, :] < n[:, None]
     out[:, :k_max] = torch.where(keep, drafts, out[:, :k_max])
-    out.scatter_(1, n[:, None], choice[(starts + n).clamp(max=num_rows - 1)][:, None])
+    out.scatter_(1, n[:, None], nxt[:, None])
     upto = (j[None, :] <= n[:, None]) & valid
     miss = ~match & upto
     counts = torch.stack([miss.sum(), (miss & accept).sum(), (miss & ~gate).sum(), (miss & gate & ~window).sum(),
@@ -305,3 +366,54 @@ def _fly_v2_greedy(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     events = dict(zip(("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
                        "fly_boundary_rejects"), counts))
     return out, (n + 1).to(torch.int32), {name: events[name] for name in COUNTERS}
+
+
+def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed,
+                settings) -> dict:
+    """The sampled requests' part of :func:`_fly_v2_padded`, for every request of the batch at once (greedy ones
+    are taken from the greedy rule by the caller): ``greedy`` [R] bool, ``match`` [R, K] (either of two draws
+    for ``two-sample``, native acceptance ``u < p(d) / q(d)`` for ``rejection``) and ``next(n, k)``, the token
+    after a kept prefix of ``n`` (the first draw there for ``two-sample``; for ``rejection`` a draw from
+    ``normalize(max(0, p_n - q_n))``, or from ``p`` at the bonus row when the whole draft is kept)."""
+    device = target_logits.device
+    num_rows, vocab = target_logits.shape
+    states = idx_mapping.to(device).long()
+    temp = temperature.to(device).float()[states]  # [R]
+    greedy = temp == 0
+    row_req = torch.searchsorted(starts, torch.arange(num_rows, device=device), right=True) - 1  # [rows] its request
+    row_seed = seed.to(device).long()[states][row_req]
+    row_pos = pos.to(device).long()
+    probs = _target_probs(target_logits, raw_logits)  # [rows, V]
+    d = drafts.clamp(min=0)
+    if settings.fly_sampling == "two-sample":  # the official code's match: either of two target draws
+        first = _draw(probs, counter_uniform(row_seed, row_pos, _FIRST))  # [rows]
+        second = _draw(probs, counter_uniform(row_seed, row_pos, _SECOND))
+        match = (d == first[safe]) | (d == second[safe])
+        return {"greedy": greedy, "match": match,
+                "next": lambda n, k: first[(starts + n).clamp(max=num_rows - 1)]}
+    q = None
+    if draft_logits is not None:  # q at the request's temperature (greedy rows never read it)
+        z = draft_logits.to(device)[states].float()  # [R, K, V_draft]
+        q = (z / torch.where(greedy, 1.0, temp)[:, None, None]).softmax(-1)
+        if q.shape[-1] < vocab:  # a draft vocabulary padded shorter than the target's
+            q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+        q = q[..., :vocab]
+    p_d = probs[safe, d]
+    q_d = q.gather(2, d[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_d)
+    u = counter_uniform(row_seed, row_pos, _ACCEPT)[safe]
+    match = u.to(p_d.dtype) * q_d < p_d  # u < p/q without dividing by a tiny q
+
+    def after(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        row = (starts + n).clamp(max=num_rows - 1)
+        p_n = probs[row]  # [R, V]
+        at = n.clamp(max=d.shape[1] - 1)[:, None]
+        q_n = (q.gather(1, at[..., None].expand(-1, 1, vocab)).squeeze(1) if q is not None
+               else torch.nn.functional.one_hot(d.gather(1, at).squeeze(1), vocab).to(p_n.dtype))
+        residual = (p_n - q_n).clamp(min=0.0)
+        total = residual.sum(-1, keepdim=True)
+        # p == q up to rounding leaves no residual mass: p itself is then the exact distribution
+        dist = torch.where(total > 0, residual, p_n)
+        dist = torch.where((n < k)[:, None], dist, p_n)  # the whole draft kept: the bonus, from p
+        return _draw(dist, counter_uniform(row_seed[row], row_pos[row], _NEXT))
+
+    return {"greedy": greedy, "match": match, "next": after}
