@@ -202,7 +202,7 @@ bench-cpu: setup peers
 # run splits into chunks (e.g. EVID_GSM8K_N=10, then 20, ...). Time only on an otherwise quiet machine.
 EVIDENCE_DIR ?= results/bench/evidence
 EVID_GSM8K_N ?= 100
-EVID_GSM8K_METHODS ?= ar,exact-mla,fly-mla,fly-ngram,specguard,hf-assist
+EVID_GSM8K_METHODS ?= ar,exact-mla,fly-mla,fly-ngram,specguard,hf-assist,fly-mla@fly_copy_guard=4
 evidence-gsm8k: evidence-models
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 \
 		--methods $(EVID_GSM8K_METHODS) --out $(EVIDENCE_DIR)/gsm8k
