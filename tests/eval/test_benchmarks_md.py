@@ -93,6 +93,11 @@ def _quoted_figures() -> list[tuple[str, str]]:
     mg = retention(ROOT / "results/bench/evidence/mgsm")["fly-mla"]
     assert mg["verdict"].startswith("not decided")  # what README and BENCHMARKS.md say of it
     mg_open, gsm_open = openings(ROOT / "results/bench/evidence/mgsm"), openings(ROOT / "results/bench/evidence/gsm8k")
+    guard = "fly-mla@fly_copy_guard=4"  # FLy's copy guard on MGSM (BENCHMARKS.md "FLy's copy guard, measured")
+    ms, gm = _methods("results/bench/evidence/mgsm"), retention(ROOT / "results/bench/evidence/mgsm")[guard]
+    gs, fs = ms[guard], ms["fly-mla"]
+    gg, gr = ev[guard], retention(ROOT / "results/bench/evidence/gsm8k")[guard]
+    assert mg_open[guard]["restates"] == mg_open["ar"]["restates"]  # "restates as often as `ar`"
     c, auc = cal["choice"], cal["choice"]["at_tau"]["roc_auc"]
     return [
         # SpecGuard's calibration (results/calibration/specguard.json)
@@ -131,6 +136,30 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"{f(mg_open['ar']['accuracy_restating'])} against {f(mg_open['ar']['accuracy_other'])})"),
         (B, f"the association is the other way round ({f(gsm_open['ar']['accuracy_restating'])} against "
             f"{f(gsm_open['ar']['accuracy_other'])} for `ar`)"),
+        # FLy's copy guard on MGSM
+        (B, f"the guard lost {gm['ar_right_method_wrong']} answers and gained {gm['ar_wrong_method_right']} (accuracy "
+            f"{f(gs['accuracy'])} against `ar`'s {f(gs['ar_accuracy'])}, recovery {f(gm['recovery'])}, 95% interval "
+            f"{f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])}; FLy without it: {mg['ar_right_method_wrong']} "
+            f"lost, {mg['ar_wrong_method_right']} gained, accuracy {f(fs['accuracy'])})"),
+        (B, f"{round(gs['identical_to_ar'] * gs['prompts'])} of {gs['prompts']} outputs are `ar`'s token for token "
+            f"({round(fs['identical_to_ar'] * fs['prompts'])} without the guard)"),
+        (B, f"It took back {gs['fly_copy_rejects']} deferrals (`fly_copy_rejects` in the run's `summary.json`) and "
+            f"let {gs['fly_deferred']} stand, where FLy without it deferred {fs['fly_deferred']} times"),
+        (B, f"its mean accepted length is {f(gs['mean_accepted_length'])} against FLy's "
+            f"{f(fs['mean_accepted_length'])} and its rate {f(gs['tokens_per_s'])} against {f(fs['tokens_per_s'])} "
+            f"tokens/s"),
+        (B, f"its answers are about as long as `ar`'s ({gs['new_tokens']:,} tokens against {ms['ar']['new_tokens']:,}; "
+            f"FLy's {fs['new_tokens']:,}"),
+        (B, f"the wall-clock speedup over the same problems is {f(gs['speedup'])}x ({f(gs['speedup_ci95'][0])}-"
+            f"{f(gs['speedup_ci95'][1])}) against FLy's {f(fs['speedup'])}x"),
+        (B, f"the guard refused {gg['fly_copy_rejects']} deferrals in {gg['prompts']} problems and changed little: "
+            f"{gr['ar_right_method_wrong']} answer lost and {gr['ar_wrong_method_right']} gained against `ar` (FLy: "
+            f"{keep['ar_right_method_wrong']} and {keep['ar_wrong_method_right']})"),
+        (B, f"restates as often as `ar` ({mg_open[guard]['restates']} of {mg_open[guard]['scored']}) and loses "
+            f"{gm['ar_right_method_wrong']} answers where FLy lost {mg['ar_right_method_wrong']}"),
+        (R, f"FLy's copy guard (`--fly-copy-guard 4`, a labeled lossy variant, off by default) lost "
+            f"{gm['ar_right_method_wrong']} and gained {gm['ar_wrong_method_right']} on the same problems (recovery "
+            f"{f(gm['recovery'])}, 95% interval {f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])})"),
         (R, f"grounding alone does not separate the steps the target prefers here (AUC "
             f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})"),
         # vLLM, batch of one, GSM8K
