@@ -279,8 +279,8 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
     }
     d = s.to_dict()
     for k in ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
-              "fly_boundary_rejects", "fly_copy_rejects", "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
-              "mean_grounding", "mean_confidence", "mean_score"):
+              "fly_boundary_rejects", "fly_copy_rejects", "steps", "accepted_steps", "target_steps",
+              "candidates_drafted", "step_accept_rate", "mean_grounding", "mean_confidence", "mean_score"):
         if k in d:
             spec[k if k.startswith("fly_") else f"sg_{k}"] = d[k]
     return spec

@@ -160,10 +160,11 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     definitions: the official FLy code counts mismatches over all K draft positions before the gate,
     including those after the first reject, so its rates are not these (hence the ``prefix`` in the
     name, which was ``fly_mismatches`` in results written before 2026-12-01). With the copy guard on
-    (``copy`` given) a sixth counter, ``fly_copy_rejects``, counts the mismatches only the guard refused.
+    (``copy`` given) a sixth counter, ``fly_copy_rejects``, counts the mismatches that passed gate, window
+    and boundary and that only the guard refused; the sum above then includes them.
     """
     k = match.shape[0]
-    # positions up to and including the first reject, found on the device: the five counts below are read
+    # positions up to and including the first reject, found on the device: the counts below are read
     # together, one device-to-host transfer per round instead of one per counter
     n = accept.to(torch.int64).cumprod(0).sum()
     upto = torch.arange(k, device=match.device) <= n
@@ -175,7 +176,8 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     hard = miss & ~gate
     window_rej = miss & gate & ~window
     bound_rej = miss & gate & window & ~bound
-    names = ["fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects"]
+    names = ["fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
+             "fly_boundary_rejects"]
     masks = [miss, deferred, hard, window_rej, bound_rej]
     if copy is not None:
         names.append(FLY_GUARD_COUNTERS[0])
