@@ -31,14 +31,20 @@ class Method:
     def make_rule(self, cfg, sampling, generator, prompt_ids=None):
         """The rule verifying this method's rounds (for a step-level method: its target steps' rounds).
         ``prompt_ids``: the request's prompt, which FLy's copy guard compares drafts with."""
+        from loosespec.verify.fly import PromptCopyGuard
         from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
 
         fly = self.name == "fly" or (self.step_level and cfg.sg_on_reject == "draft-assisted"
                                      and cfg.sg_verify == "fly")
         if fly:
+            guard = None
+            if cfg.fly_copy_guard:
+                if prompt_ids is None:
+                    raise ValueError("FLy's copy guard (fly_copy_guard) compares drafts with the prompt: pass "
+                                     "prompt_ids")
+                guard = PromptCopyGuard(prompt_ids, cfg.fly_copy_guard)
             return FlyRule(cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k,
-                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator,
-                           copy_guard=cfg.fly_copy_guard, prompt_ids=prompt_ids)
+                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator, guard)
         return GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
 
 

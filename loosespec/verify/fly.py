@@ -37,7 +37,7 @@ boundary)``, ``gate only`` = ``loose_mask(E, gate)``.
 
 **Copy guard** (a labeled variant, not in the paper or the official code; off by default): with
 ``fly_copy_guard = n > 0`` a mismatch is not deferred when the draft tokens ``d[j .. j+n-1]`` (the
-kept token and the n - 1 after it) occur verbatim in the prompt: :func:`copies_prompt`. It answers a
+kept token and the n - 1 after it) occur verbatim in the prompt: :class:`PromptCopyGuard`. It answers a
 failure class read in issue 20's MGSM runs, where a deferred draft token turned the answer into a copy
 of the question and the answer went wrong. A refused deferral emits the target's own token there, so
 the guard only moves output towards the target's; it is still LOSSY (every other deferral stands).
@@ -56,7 +56,7 @@ from dataclasses import replace
 import torch
 
 from loosespec.config import knob_default
-from loosespec.methods import FLY_GUARD_COUNTERS
+from loosespec.methods import FLY_COUNTERS, FLY_GUARD_COUNTERS
 from loosespec.verify.exact import first_false, match_mask, prefix_verdict
 from loosespec.verify.rejection import native_accept, next_token
 from loosespec.verify.sampling import sample
@@ -113,21 +113,25 @@ def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu"
     return torch.arange(k, device=device) <= bound
 
 
-def prompt_ngrams(prompt_ids, n: int) -> frozenset[tuple[int, ...]]:
-    """Every n-gram of the prompt's token ids (the copy guard's reference), built once per request."""
-    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
-    return frozenset(tuple(ids[i:i + n]) for i in range(len(ids) - n + 1))
-
-
-def copies_prompt(draft_tokens: torch.Tensor, grams: frozenset[tuple[int, ...]], n: int) -> torch.Tensor:
-    """[K] True where ``d[j .. j+n-1]`` is an n-gram of the prompt (``grams``: :func:`prompt_ngrams`).
+class PromptCopyGuard:
+    """The copy guard of one request: the prompt's n-grams, built once; called on a round's draft it gives
+    the ``copy`` mask of :func:`fly_mask`, [K] True where ``d[j .. j+n-1]`` is an n-gram of the prompt.
 
     Positions whose n tokens run past the draft's end are False: the guard cannot tell there, and the
     boundary keeps a deferral's window inside the draft anyway (``n <= W`` always fits).
     """
-    d = draft_tokens.tolist()
-    hits = [j + n <= len(d) and tuple(d[j:j + n]) in grams for j in range(len(d))]
-    return torch.tensor(hits, dtype=torch.bool, device=draft_tokens.device)
+
+    def __init__(self, prompt_ids, n: int):
+        if n < 1:
+            raise ValueError(f"the copy guard compares n-grams of at least one token, got n = {n}")
+        ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+        self.n = n
+        self.grams = frozenset(tuple(ids[i:i + n]) for i in range(len(ids) - n + 1))
+
+    def __call__(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        d, n = draft_tokens.tolist(), self.n
+        hits = [j + n <= len(d) and tuple(d[j:j + n]) in self.grams for j in range(len(d))]
+        return torch.tensor(hits, dtype=torch.bool, device=draft_tokens.device)
 
 
 def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
@@ -141,7 +145,7 @@ def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
 def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
              num_draft_tokens: int | None = None, copy: torch.Tensor | None = None) -> torch.Tensor:
     """FLy's final acceptance mask: gate, window and boundary composed (see module docstring); with the copy
-    guard's ``copy`` mask (:func:`copies_prompt`), a mismatch that copies the prompt is not deferred."""
+    guard's ``copy`` mask (:class:`PromptCopyGuard`), a mismatch that copies the prompt is not deferred."""
     k = match.shape[0]
     conditions = [gate_open(entropy, theta), window_clear(match, window_size),
                   within_boundary(k, window_size, match.device, num_draft_tokens)]
@@ -176,9 +180,7 @@ def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_
     hard = miss & ~gate
     window_rej = miss & gate & ~window
     bound_rej = miss & gate & window & ~bound
-    names = ["fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
-             "fly_boundary_rejects"]
-    masks = [miss, deferred, hard, window_rej, bound_rej]
+    names, masks = list(FLY_COUNTERS), [miss, deferred, hard, window_rej, bound_rej]  # FLY_COUNTERS' order
     if copy is not None:
         names.append(FLY_GUARD_COUNTERS[0])
         masks.append(miss & gate & window & bound & copy)
@@ -191,7 +193,7 @@ def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, t
                       copy: torch.Tensor | None = None) -> Verdict:
     """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
     the nominal K the boundary follows (default: the draft's length); ``copy``: the copy guard's [k] mask
-    (:func:`copies_prompt`), None for the paper's rule."""
+    (:class:`PromptCopyGuard`), None for the paper's rule."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
     draft_tokens = draft_tokens.to(target_tokens.device)
     match = match_mask(draft_tokens, target_tokens)

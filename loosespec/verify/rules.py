@@ -13,8 +13,7 @@ import torch
 
 from loosespec.drafters.base import Draft
 from loosespec.verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
-from loosespec.verify.fly import (copies_prompt, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample,
-                                  prompt_ngrams)
+from loosespec.verify.fly import PromptCopyGuard, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
 
 
 class Rule(Protocol):
@@ -52,17 +51,13 @@ class RejectionRule:
 
 
 class FlyRule:
-    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0.
-
-    ``copy_guard`` = n > 0 turns on the copy guard (a labeled variant, :func:`loosespec.verify.fly.copies_prompt`):
-    no deferral where the draft's next n tokens copy an n-gram of ``prompt_ids``.
-    """
+    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0; with
+    ``copy_guard`` (:class:`loosespec.verify.fly.PromptCopyGuard`, a labeled variant), no deferral where the
+    draft copies the request's prompt."""
 
     def __init__(self, theta: float, window_size: int, top_k: int, num_draft_tokens: int, fly_sampling: str,
-                 sampling: SamplingParams, generator: torch.Generator | None, copy_guard: int = 0,
-                 prompt_ids: torch.Tensor | None = None):
-        if copy_guard and prompt_ids is None:
-            raise ValueError("FLy's copy guard compares drafts with the prompt: pass prompt_ids")
+                 sampling: SamplingParams, generator: torch.Generator | None,
+                 copy_guard: PromptCopyGuard | None = None):
         self.sampling = sampling
         self.generator = generator
         self.variant = "greedy" if sampling.greedy else fly_sampling
@@ -70,12 +65,11 @@ class FlyRule:
         self.knobs = {"theta": theta, "window_size": window_size, "top_k": top_k,
                       "num_draft_tokens": num_draft_tokens}
         self.copy_guard = copy_guard
-        self.grams = prompt_ngrams(prompt_ids, copy_guard) if copy_guard else None
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
         knobs = self.knobs
-        if self.grams is not None:
-            knobs = {**knobs, "copy": copies_prompt(draft.tokens, self.grams, self.copy_guard).to(logits.device)}
+        if self.copy_guard is not None:
+            knobs = {**knobs, "copy": self.copy_guard(draft.tokens).to(logits.device)}
         if self.variant == "greedy":
             return fly_verify_greedy(draft.tokens, logits, **knobs)
         p = logits_to_probs(logits, self.sampling)

@@ -241,31 +241,33 @@ def test_fly_counters_read_in_one_transfer_equal_the_per_counter_reading():
 
 # --- the copy guard (a labeled variant, off by default; issue 20) --------------------------------
 
-def test_copies_prompt_marks_the_positions_whose_next_n_tokens_are_in_the_prompt():
-    from loosespec.verify.fly import copies_prompt, prompt_ngrams
+def test_copy_guard_marks_the_positions_whose_next_n_tokens_are_in_the_prompt():
+    from loosespec.verify.fly import PromptCopyGuard
 
-    grams = prompt_ngrams(torch.tensor([7, 8, 9, 10, 11]), 3)
-    assert grams == {(7, 8, 9), (8, 9, 10), (9, 10, 11)}
+    guard = PromptCopyGuard(torch.tensor([7, 8, 9, 10, 11]), 3)
+    assert guard.grams == {(7, 8, 9), (8, 9, 10), (9, 10, 11)}
     # j = 1 starts 8 9 10 (in the prompt); j = 0 starts 5 8 9 (not); j = 3, 4 run past the draft's end
-    assert copies_prompt(torch.tensor([5, 8, 9, 10, 11]), grams, 3).tolist() == [F, T, T, F, F]
-    assert prompt_ngrams([1, 2], 3) == frozenset()  # a prompt shorter than n has no n-gram
+    assert guard(torch.tensor([5, 8, 9, 10, 11])).tolist() == [F, T, T, F, F]
+    assert PromptCopyGuard([1, 2], 3).grams == frozenset()  # a prompt shorter than n has no n-gram
+    with pytest.raises(ValueError, match="at least one token"):
+        PromptCopyGuard([1, 2], 0)
 
 
 def test_copy_guard_refuses_the_worked_examples_deferral_when_it_copies_the_prompt():
     """The worked example's deferral at j = 2 keeps draft 40, 4, 5, 6 ...: with those four tokens in the
     prompt the guard refuses it (2 kept + the target's token), without them the verdict is the paper's."""
-    from loosespec.verify.fly import copies_prompt, prompt_ngrams
+    from loosespec.verify.fly import PromptCopyGuard
 
     target = list(range(1, 17))
     draft = torch.tensor(target[:15])
     draft[2], draft[9] = 40, 41
     logits = logits_from(target, {2, 9})
-    copying = copies_prompt(draft, prompt_ngrams([99, 40, 4, 5, 6, 98], 4), 4)
+    copying = PromptCopyGuard([99, 40, 4, 5, 6, 98], 4)(draft)
     v = fly_verify_greedy(draft, logits, theta=0.3, window_size=6, copy=copying)
     assert v.tokens.tolist() == draft[:2].tolist() + [target[2]]
     assert v.events == {"fly_prefix_mismatches": 1, "fly_deferred": 0, "fly_hard_rejects": 0,
                         "fly_window_rejects": 0, "fly_boundary_rejects": 0, "fly_copy_rejects": 1}
-    clean = copies_prompt(draft, prompt_ngrams([99, 40, 4, 5, 98], 4), 4)  # 40 4 5 but not 40 4 5 6
+    clean = PromptCopyGuard([99, 40, 4, 5, 98], 4)(draft)  # 40 4 5 but not 40 4 5 6
     paper = fly_verify_greedy(draft, logits, theta=0.3, window_size=6)
     guarded = fly_verify_greedy(draft, logits, theta=0.3, window_size=6, copy=clean)
     assert guarded.tokens.tolist() == paper.tokens.tolist() and guarded.events["fly_copy_rejects"] == 0
@@ -287,20 +289,24 @@ def test_copy_guard_only_ever_keeps_less_and_keeps_what_the_target_chose():
 
 
 def test_fly_rule_with_the_copy_guard_needs_the_prompt():
+    """The method registry builds the guard from the knob and the request's prompt (refusing a guard without
+    one); the rule it makes refuses the worked example's copying deferral and counts it."""
+    from loosespec.config import DecodeConfig
     from loosespec.drafters.base import Draft
+    from loosespec.methods import METHODS
     from loosespec.verify import SamplingParams
-    from loosespec.verify.rules import FlyRule
 
+    cfg = DecodeConfig.create("fly", "ngram", fly_copy_guard=4, num_draft_tokens=15)
     with pytest.raises(ValueError, match="prompt_ids"):
-        FlyRule(0.3, 6, 3, 15, "two-sample", SamplingParams(0.0), None, copy_guard=4)
+        METHODS["fly"].make_rule(cfg, SamplingParams(0.0), None)
     target = list(range(1, 17))
     draft = torch.tensor(target[:15])
     draft[2], draft[9] = 40, 41
-    rule = FlyRule(0.3, 6, 3, 15, "two-sample", SamplingParams(0.0), None, copy_guard=4,
-                   prompt_ids=torch.tensor([99, 40, 4, 5, 6, 98]))
+    rule = METHODS["fly"].make_rule(cfg, SamplingParams(0.0), None, torch.tensor([99, 40, 4, 5, 6, 98]))
     v = rule(Draft(draft), logits_from(target, {2, 9}))
     assert v.num_accepted == 2 and v.events["fly_copy_rejects"] == 1
-    off = FlyRule(0.3, 6, 3, 15, "two-sample", SamplingParams(0.0), None)(Draft(draft), logits_from(target, {2, 9}))
+    plain = DecodeConfig.create("fly", "ngram", num_draft_tokens=15)
+    off = METHODS["fly"].make_rule(plain, SamplingParams(0.0), None)(Draft(draft), logits_from(target, {2, 9}))
     assert off.num_accepted == 9 and "fly_copy_rejects" not in off.events
 
 

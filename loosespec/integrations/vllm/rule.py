@@ -363,9 +363,7 @@ def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     miss = ~match & upto
     counts = torch.stack([miss.sum(), (miss & accept).sum(), (miss & ~gate).sum(), (miss & gate & ~window).sum(),
                           (miss & gate & window & ~bound).sum()]).tolist()
-    events = dict(zip(("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
-                       "fly_boundary_rejects"), counts))
-    return out, (n + 1).to(torch.int32), {name: events[name] for name in COUNTERS}
+    return out, (n + 1).to(torch.int32), dict(zip(COUNTERS, counts))  # in FLY_COUNTERS' order
 
 
 def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed,
