@@ -162,11 +162,7 @@ class CachedLM:
         ``output_attentions=True``); hidden states and attentions cover the fed positions only,
         which are the last ``rows`` when the rest is cached.
         """
-        if self.max_positions is not None and seq.shape[0] > self.max_positions:
-            raise LoosespecError(
-                f"sequence of {seq.shape[0]} tokens exceeds the model's context of {self.max_positions}"
-            )
-        keep = min(common_prefix_len(self.ids, seq), seq.shape[0] - rows)
+        keep = self._reusable(seq, rows)
         if not rollback(self.cache, keep, self.margin):  # deeper than a sliding window's margin
             self.reset()
             self.recomputes += 1
@@ -178,11 +174,24 @@ class CachedLM:
         except BaseException:
             self.reset()  # a forward that died half-way leaves layers of different lengths
             raise
+        self._counted(seq, new.shape[1])
+        return out
+
+    def _reusable(self, seq: torch.Tensor, rows: int) -> int:
+        """How many leading ids of ``seq`` the cache can keep for a forward that returns its last ``rows``;
+        refuses a sequence longer than the model's context."""
+        if self.max_positions is not None and seq.shape[0] > self.max_positions:
+            raise LoosespecError(
+                f"sequence of {seq.shape[0]} tokens exceeds the model's context of {self.max_positions}"
+            )
+        return min(common_prefix_len(self.ids, seq), seq.shape[0] - rows)
+
+    def _counted(self, seq: torch.Tensor, fed: int) -> None:
+        """Book a finished forward: the cache now holds ``seq``; ``fed`` positions ran (the modelled cost's)."""
         self.ids = seq
         self.forwards += 1
         if self.cost is not None:
-            self.modelled_s += self.cost(new.shape[1])
-        return out
+            self.modelled_s += self.cost(fed)
 
 
 STATIC_BUCKETS = (1, 2, 4, 8, 16, 32)  # fed lengths the compiled forward is specialised to (padded up to one)
@@ -264,9 +273,7 @@ class StaticCachedLM(CachedLM):
     def forward(self, seq: torch.Tensor, rows: int, **outputs):
         """As :meth:`CachedLM.forward`, on the static cache (the class docstring)."""
         length = seq.shape[0]
-        if self.max_positions is not None and length > self.max_positions:
-            raise LoosespecError(f"sequence of {length} tokens exceeds the model's context of {self.max_positions}")
-        keep = min(common_prefix_len(self.ids, seq), length - rows)
+        keep = self._reusable(seq, rows)
         n = length - keep
         bucket = None
         if self._compiled is not None and keep > 0 and not outputs:
@@ -293,8 +300,5 @@ class StaticCachedLM(CachedLM):
         except BaseException:
             self.reset()  # lengths and contents no longer agree
             raise
-        self.ids = seq
-        self.forwards += 1
-        if self.cost is not None:
-            self.modelled_s += self.cost(bucket or n)
+        self._counted(seq, bucket or n)
         return out

@@ -161,7 +161,10 @@ def _load(out: Path) -> tuple[list[dict], dict]:
 def failures(out: Path) -> list[dict]:
     """Every problem of the results directory ``out`` that ``ar`` scored right and a lossy method wrong,
     classified (:func:`classify`), in the order of the problems' numbers (``gsm8k/2`` before ``gsm8k/10``)."""
-    rows, config = _load(out)
+    return _failures(*_load(out))
+
+
+def _failures(rows: list[dict], config: dict) -> list[dict]:
     ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
     lost = [r for r in rows if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
             and r.get("score") is not None and not r["score"]]
@@ -175,7 +178,10 @@ def failures(out: Path) -> list[dict]:
 def openings(out: Path) -> dict[str, dict]:
     """Per method of the results directory ``out`` (``ar`` included), over its scored rows: how many open by
     restating the question (:func:`restates_question`), and the accuracy of those and of the others."""
-    rows, config = _load(out)
+    return _openings(*_load(out))
+
+
+def _openings(rows: list[dict], config: dict) -> dict[str, dict]:
     prompts = _prompts(config)
     tally: dict[str, dict[bool, list[int]]] = {}
     for r in rows:
@@ -190,13 +196,15 @@ def openings(out: Path) -> dict[str, dict]:
                 "accuracy_other": t[False][1] / t[False][0] if t[False][0] else None} for m, t in tally.items()}
 
 
-def opening_table(dirs: Sequence[Path], root: Path | None = None) -> str:
-    """One line per (result directory, method): :func:`openings`; "" when no directory's prompts can be read."""
+def opening_table(dirs: Sequence[Path], root: Path | None = None, loaded: dict | None = None) -> str:
+    """One line per (result directory, method): :func:`openings`; "" when no directory's prompts can be read.
+    ``loaded`` maps a directory to its ``(rows, config)`` when the caller has read them already."""
+    loaded = loaded or {}
     lines = ["| results | method | n | opens by restating the question | accuracy when it does | "
              "accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for d in dirs:
         name = str(Path(d).relative_to(root)) if root else str(d)
-        for m, v in openings(d).items():
+        for m, v in _openings(*(loaded.get(d) or _load(d))).items():
             acc = ["-" if a is None else f"{a:.2f}" for a in (v["accuracy_restating"], v["accuracy_other"])]
             lines.append(f"| {name} | {m} | {v['scored']} | {v['restates']} ({v['restates'] / v['scored']:.2f}) | "
                          f"{acc[0]} | {acc[1]} |")
@@ -208,9 +216,10 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
     then one line per lost answer, for the result directories ``dirs``."""
     counts: dict[tuple[str, str], dict[str, int]] = {}
     lines = []
+    loaded = {d: _load(d) for d in dirs}  # each run read once, for the lost answers and the openings
     for d in dirs:
         name = str(Path(d).relative_to(root)) if root else str(d)
-        for f in failures(d):
+        for f in _failures(*loaded[d]):
             counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
             restates = "-" if f["restates"] is None else " / ".join("yes" if x else "no" for x in f["restates"])
             lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | "
@@ -222,7 +231,7 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
         table.append(f"| {name} | {m} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in CLASSES) + " |")
     if not counts:
         table.append("| " + ", ".join(str(d) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
-    opening = opening_table(dirs, root)
+    opening = opening_table(dirs, root, loaded)
     table += ["", opening] if opening else []
     if lines:
         table += ["", "| problem | method | class | restates the question (ar / method) | parts from ar at token "
