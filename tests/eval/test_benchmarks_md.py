@@ -109,7 +109,23 @@ def _quoted_figures() -> list[tuple[str, str]]:
     words = {8: "Eight", 9: "Nine", 10: "Ten"}
     assert copy_class <= back and set(lost[guard]) <= set(lost["fly-mla"])  # "all six ... among them"
     c, auc = cal["choice"], cal["choice"]["at_tau"]["roc_auc"]
+    from loosespec.eval.failures import failures
+
+    read = [x for d in ("gsm8k", "niah", "mgsm") for x in failures(ROOT / "results/bench/evidence" / d)]
+    loops = sum(x["class"] == "repetition loop" for x in read)
+    trunc = sum(x["class"] == "truncated at the budget" for x in read)
+    sk = retention(ROOT / "results/bench/evidence/gsm8k")["specguard"]
+    sg_steps = sum(x["method"] == "specguard" and x["class"] == "accepted draft step" for x in read)
+    small = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
     return [
+        # the lost answers, read (BENCHMARKS.md "The answers a lossy method lost, read")
+        (B, f"Of the {len(read)} lost answers " + ("none is a repetition loop" if not loops else
+                                                   f"{loops} are repetition loops")),
+        (B, f"{small.get(trunc, trunc).capitalize()} ran to the token budget: mgsm/ja/40"),
+        (B, f"SpecGuard's {small.get(sg_steps, sg_steps)} accepted draft steps that went wrong"),
+        (B, f"On GSM8K SpecGuard lost {sk['ar_right_method_wrong']} answers and gained {sk['ar_wrong_method_right']} "
+            f"(recovery {f(sk['recovery'])}, 95% interval {f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])}): "
+            "not decided either" if sk["verdict"].startswith("not decided") else "SpecGuard's verdict has changed"),
         # SpecGuard's calibration (results/calibration/specguard.json)
         (R, f"(sg_confidence {c['sg_confidence']}, sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']}) come from `make "
             f"calibrate-specguard`: the target writes every step of the first {cal['problems']} problems of GSM8K's "
@@ -133,7 +149,8 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"{f(ev['fly-mla']['speedup_ci95'][1])}) with accuracy recovery {f(keep['recovery'])} (95% interval "
             f"{f(keep['recovery_ci95'][0])}-{f(keep['recovery_ci95'][1])}; {keep['ar_right_method_wrong']} answers "
             f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither"),
-        (R, f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x: slower"),
+        (R, f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x ({sk['ar_right_method_wrong']} answers lost, "
+            f"{sk['ar_wrong_method_right']} gained): slower"),
         (R, f"FLy runs at {f(mg['speedup'])}x with recovery {f(mg['recovery'])} (95% interval "
             f"{f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}; {mg['ar_right_method_wrong']} answers lost, "
             f"{mg['ar_wrong_method_right']} gained): not decided either"),
