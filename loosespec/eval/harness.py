@@ -55,6 +55,7 @@ from pathlib import Path
 
 from loosespec.config import DRAFTERS, DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
+from loosespec.methods import FLY_GUARD_COUNTERS
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
@@ -661,8 +662,9 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     fly = {"fly_prefix_mismatches": sum(r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0))
                                         for r in paired),
            "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired)}
-    if any("fly_copy_rejects" in r["stats"] for r in paired):  # FLy's copy guard was on (--fly-copy-guard)
-        fly["fly_copy_rejects"] = sum(r["stats"].get("fly_copy_rejects", 0) for r in paired)
+    for name in FLY_GUARD_COUNTERS:  # only when FLy's copy guard was on (--fly-copy-guard)
+        if any(name in r["stats"] for r in paired):
+            fly[name] = sum(r["stats"].get(name, 0) for r in paired)
     if fly["fly_prefix_mismatches"]:
         s.update(fly)
     return s

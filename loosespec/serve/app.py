@@ -278,9 +278,8 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
         "draft_forwards": s.draft_forwards,
     }
     d = s.to_dict()
-    for k in ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects",
-              "fly_boundary_rejects", "fly_copy_rejects", "steps", "accepted_steps", "target_steps",
-              "candidates_drafted", "step_accept_rate", "mean_grounding", "mean_confidence", "mean_score"):
+    for k in (*ALL_COUNTERS, "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
+              "mean_grounding", "mean_confidence", "mean_score"):  # the rules' counters (FLy's), SpecGuard's steps
         if k in d:
             spec[k if k.startswith("fly_") else f"sg_{k}"] = d[k]
     return spec

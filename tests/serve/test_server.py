@@ -244,7 +244,11 @@ def test_acceptance_chat_stream_fly_with_usage_and_metrics(smol):
     assert metrics["lossy"] is True
     spec = metrics["speculative_decoding"]
     spec_ok(spec, "fly")
-    assert "fly_deferred" in spec and "fly_prefix_mismatches" in spec
+    assert "fly_deferred" in spec and "fly_prefix_mismatches" in spec and "fly_copy_rejects" not in spec
+    guarded = c.chat.completions.create(  # FLy's copy guard on: its counter is exported too
+        model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": "Count from 1 to 20."}],
+        extra_body={"method": "fly", "fly_copy_guard": 1, "seed": 3})
+    assert "fly_copy_rejects" in guarded.model_extra["metrics"]["speculative_decoding"]
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens >= 1
     assert spec["num_drafts"] >= 1 and spec["num_rounds"] <= usage.usage.completion_tokens
