@@ -27,8 +27,10 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
 ``vllm-*`` methods when it ran, named in the summary's ``baseline``); "``ar``" below means that baseline:
 
 - ``speedup`` = total ``ar`` wall time / total method wall time, with a 95% bootstrap interval
-  over prompts (``speedup_ci95``);
-- ``tokens_per_s`` = new tokens / wall time;
+  over prompts (``speedup_ci95``), over the prompts where both rows ran on the same machine (every row
+  records its ``hardware``; ``timed_prompts`` counts them when some did not; a directory timed on several
+  machines also gets ``machines``: rows, speedup and tok/s per machine);
+- ``tokens_per_s`` = new tokens / wall time (over the same prompts);
 - ``mean_accepted_length`` = emitted tokens / rounds over all rounds (Spec-Bench's and vLLM's tau;
   1 for ``ar``; for the peers from the chunks ``generate`` streams per step);
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens (loosespec methods);
@@ -410,6 +412,17 @@ def result_row(problem, dataset: str, method: str, outcome: Outcome, score: bool
     }
 
 
+def machine_label(hw: dict | None) -> str:
+    """One line naming what a row's timing ran on, e.g. ``Intel(R) Xeon(R) Processor (avx2 avx512f; 2 threads)``
+    (``hw`` is a row's ``hardware``; rows written without one read ``unrecorded``). Two rows are timed on the
+    same machine when their labels are equal."""
+    if not hw:
+        return "unrecorded"
+    label = f"{hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags') or []) or 'no flags of note'}; " \
+            f"{hw.get('threads', '?')} threads)"
+    return label + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
+
+
 def hardware() -> dict:
     """What a timing ran on (CPU model and flags of note, GPU), recorded with every result."""
     import torch
@@ -617,16 +630,19 @@ def pooled_mean_accepted_length(new_tokens: Sequence[int], rounds: Sequence[int]
 
 def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     paired = [r for r in mine if r["question_id"] in ar]
-    wall = sum(r["wall_time"] for r in paired)
-    ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in paired)
-    toks = sum(r["new_tokens"] for r in paired)
+    # a results directory may grow over sessions on different machines: a method's time is compared with
+    # ar's on the same prompt only where both ran on the same machine (``timed_prompts`` says how many did)
+    timed = [r for r in paired if machine_label(r.get("hardware")) == machine_label(ar[r["question_id"]].get("hardware"))]
+    wall = sum(r["wall_time"] for r in timed)
+    ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in timed)
+    toks = sum(r["new_tokens"] for r in timed)
     drafted = [r["drafted_tokens"] for r in paired if r.get("drafted_tokens") is not None]
     accepted = [r["accepted_tokens"] for r in paired if r.get("accepted_tokens") is not None]
     s = {
         "prompts": len(paired), "lossy": any(r["lossy"] for r in mine),
         "speedup": round(ar_wall / wall, 4) if wall > 0 else None,
-        "speedup_ci95": bootstrap_ratio([ar[r["question_id"]]["wall_time"] for r in paired],
-                                        [r["wall_time"] for r in paired]),
+        "speedup_ci95": bootstrap_ratio([ar[r["question_id"]]["wall_time"] for r in timed],
+                                        [r["wall_time"] for r in timed]),
         "wall_s": round(wall, 3), "new_tokens": toks,
         "tokens_per_s": round(toks / wall, 4) if wall > 0 else None,
         "mean_accepted_length": pooled_mean_accepted_length([r["new_tokens"] for r in paired],
@@ -635,6 +651,8 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
         "identical_to_ar": round(sum(r["token_ids"] == ar[r["question_id"]]["token_ids"] for r in paired)
                                  / len(paired), 4) if paired else None,
     }
+    if len(timed) < len(paired):
+        s["timed_prompts"] = len(timed)
     scored = [r for r in paired if r.get("score") is not None and ar[r["question_id"]].get("score") is not None]
     if scored:
         right = sum(bool(r["score"]) for r in scored)
@@ -689,6 +707,19 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
                 b = baseline_of(m, present)
                 cat_base = {q: r for q, r in base[b].items() if r["category"] == cat}
                 out["categories"][cat][m] = _method_summary(mine, cat_base)
+    machines = dict.fromkeys(machine_label(r.get("hardware")) for r in rows)
+    if len(machines) > 1:  # speed per machine (accuracy is the whole set's, above)
+        out["machines"] = {}
+        for label in machines:
+            here = [r for r in rows if machine_label(r.get("hardware")) == label]
+            on = {"rows": len(here), "methods": {}}
+            here_base = {b: {r["question_id"]: r for r in here if r["method"] == b} for b in base}
+            for m in methods:
+                mine = [r for r in here if r["method"] == m]
+                if mine and here_base[baseline_of(m, present)]:
+                    ms = _method_summary(mine, here_base[baseline_of(m, present)])
+                    on["methods"][m] = {k: ms[k] for k in ("prompts", "speedup", "speedup_ci95", "tokens_per_s")}
+            out["machines"][label] = on
     return out
 
 
@@ -707,6 +738,8 @@ def format_table(summary: dict) -> str:
     for m, s in summary["methods"].items():
         ci = s.get("speedup_ci95")
         speed = _fmt(s["speedup"]) + "x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        if "timed_prompts" in s:  # the others ran on another machine than their ar row
+            speed += f", {s['timed_prompts']} timed"
         acc = "-"
         if "accuracy" in s:
             a = s["accuracy_ci95"]
@@ -717,6 +750,17 @@ def format_table(summary: dict) -> str:
             f"{_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance_rate'])} | {acc} | {_fmt(s.get('recovery'))} | "
             f"{s.get('ar_right_method_wrong', '-')} | {s.get('ar_wrong_method_right', '-')} | {_fmt(s.get('mcnemar_p'), '.3g')} | "
             f"{_fmt(s['identical_to_ar'])} |")
+    return "\n".join(lines)
+
+
+def format_machine_table(summary: dict) -> str:
+    """Where a set was timed on several machines: per machine and method, n, speedup (95% CI) and tok/s."""
+    lines = ["| machine | method | n | speedup (95% CI) | tok/s |", "| --- | --- | ---: | ---: | ---: |"]
+    for label, on in summary.get("machines", {}).items():
+        for m, s in on["methods"].items():
+            ci = s.get("speedup_ci95")
+            lines.append(f"| {label} | {m} | {s['prompts']} | {_fmt(s['speedup'])}x"
+                         + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" | {_fmt(s['tokens_per_s'])} |")
     return "\n".join(lines)
 
 
@@ -909,6 +953,9 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
     text = format_table(summary)
     if len(summary["categories"]) > 1:
         text += "\n\nBy category:\n\n" + format_category_table(summary)
+    if summary.get("machines"):
+        text += ("\n\nTimed on several machines; speedup pairs each row with ar's on the same prompt and machine. "
+                 "By machine:\n\n" + format_machine_table(summary))
     if draw:
         plot(rows, summary, out)
     return summary, text

@@ -77,6 +77,40 @@ def test_summary_sums_the_fly_counters_and_the_copy_guards_only_where_it_ran():
     assert s["fly-ngram@fly_copy_guard=4"]["fly_copy_rejects"] == 2
 
 
+INTEL = {"device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": ["avx2", "avx512_vnni"], "threads": 2}
+EPYC = {"device": "cpu", "cpu": "AMD EPYC", "cpu_flags": ["avx2"], "threads": 2}
+
+
+def test_speedup_pairs_rows_timed_on_the_same_machine_only():
+    # q1-q2 ran on one machine, q3 on another; then fly-ngram's q2 row was measured again on the second one
+    on = {"q1": INTEL, "q2": INTEL, "q3": EPYC}
+    rows = [{**r, "hardware": on[r["question_id"]]} for r in HAND]
+    rows[4] = {**rows[4], "hardware": EPYC}
+    s = B.summarize(rows)
+    fly = s["methods"]["fly-ngram"]
+    assert fly["prompts"] == 3 and fly["timed_prompts"] == 2  # q2: ar on INTEL, fly-ngram on EPYC
+    assert fly["speedup"] == pytest.approx((10 + 20) / (5 + 5))  # not q2's 30 s / 10 s across machines
+    assert fly["tokens_per_s"] == pytest.approx((4 + 2) / 10)
+    assert fly["accuracy"] == pytest.approx(2 / 3, abs=1e-4)  # accuracy is over all three prompts
+    assert "timed_prompts" not in s["methods"]["ar"]
+    intel, epyc = (s["machines"][B.machine_label(hw)] for hw in (INTEL, EPYC))
+    assert intel["rows"] == 3 and epyc["rows"] == 3
+    assert intel["methods"]["fly-ngram"]["prompts"] == 1 and intel["methods"]["fly-ngram"]["speedup"] == 2.0
+    assert epyc["methods"]["fly-ngram"]["speedup"] == pytest.approx(4.0)  # q3: 20 s / 5 s
+    table = B.format_table(s)
+    assert "3.00x (" in table and ", 2 timed |" in table
+    by_machine = B.format_machine_table(s)
+    assert "| AMD EPYC (avx2; 2 threads) | fly-ngram | 1 | 4.00x |" in by_machine
+
+
+def test_one_machine_adds_no_machine_table():
+    rows = [{**r, "hardware": INTEL} for r in HAND]
+    s = B.summarize(rows)
+    assert "machines" not in s and "timed_prompts" not in s["methods"]["fly-ngram"]
+    assert B.machine_label(None) == "unrecorded"
+    assert B.machine_label({**INTEL, "gpu": "NVIDIA H200"}).endswith("2 threads), GPU NVIDIA H200")
+
+
 def test_wilson_and_bootstrap():
     assert B.wilson(0, 0) is None
     lo, hi = B.wilson(8, 10)
