@@ -16,7 +16,10 @@ PROMPTS = [
 def test_exact_equals_ar_greedy(smol_engine, prompt):
     ar = smol_engine.generate(prompt, DecodeConfig.create("ar", max_new_tokens=48))
     for drafter in ("ngram", "mla"):
-        r = smol_engine.generate(prompt, DecodeConfig.create("exact", drafter, max_new_tokens=48))
+        # K every round: the cost-aware length drafts nothing where this CPU's measured verify curve is steep
+        # (SmolLM2 in float32 on a 2-core AMD EPYC), and this test is about the mechanism, not whether it pays
+        r = smol_engine.generate(prompt, DecodeConfig.create("exact", drafter, max_new_tokens=48,
+                                                             adaptive_draft_length=False))
         assert r.token_ids == ar.token_ids, drafter
         assert r.stats.rounds < ar.stats.rounds or drafter == "ngram"
 
