@@ -16,6 +16,8 @@ import json
 import math
 from pathlib import Path
 
+from loosespec.eval.harness import machine_label
+
 PEERS = ("hf-", "llamacpp-", "vllm-")
 
 
@@ -42,7 +44,7 @@ def report(root: Path) -> tuple[str, bool]:
     cats = list(sets)
     methods = list(dict.fromkeys(m for s in sets.values() for m in s))
     hw, cfg = info.get("hardware") or {}, info.get("config", {})
-    out = [f"**Speed on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))}; {hw.get('threads', '?')} threads)**",
+    out = [f"**Speed on {machine_label(hw)}**",
            "",
            f"Target {cfg.get('target')}, draft {cfg.get('draft')}, precision {cfg.get('dtype')}, "
            f"{cfg.get('max_new_tokens')} new tokens, greedy, cost-aware draft length: "
