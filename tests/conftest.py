@@ -109,3 +109,31 @@ def smol_engine():
     t = load("smollm2-135m-instruct", "float32", "cpu", progress=False)
     d = load("smollm2-135m-instruct", "float32", "cpu", progress=False)
     return Engine(t, d)
+
+
+def run_cli(*args, stdin: str | None = None, env: dict | None = None):
+    """``loosespec ARGS`` in this process, as ``python -m loosespec.cli ARGS`` runs it: ``cli.main()`` with
+    its exit status and its one-line errors, stdout and stderr captured, returned as a CompletedProcess.
+
+    A new interpreter costs about 5 s of imports (torch, transformers) per call on a 2-core CPU; most CLI
+    tests check what the command does, not the interpreter start, so they run here. A few tests keep a real
+    subprocess for what only one shows (no import-time noise on stderr, kill -9, stdin of a real pipe).
+    An exception that escapes ``main()`` is not caught: it fails the test, as a traceback would."""
+    import contextlib
+    import io
+    import subprocess
+    import sys
+    from unittest import mock
+
+    from loosespec import cli
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with mock.patch.object(sys, "argv", ["loosespec", *argv]), mock.patch.object(sys, "stdin", io.StringIO(stdin or "")), \
+            mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["loosespec", *argv], code, out.getvalue(), err.getvalue())

@@ -1,4 +1,6 @@
-"""The CLI as users run it: a subprocess, one-line errors, no tracebacks, JSON output."""
+"""The CLI as users run it: one-line errors, no tracebacks, JSON output. Most calls run ``cli.main()`` in this
+process (conftest.run_cli: the same exit status and output, without 5 s of imports per call); the first
+error test and the JSON/stdin test start a real interpreter, as a user's shell does."""
 
 import json
 import os
@@ -6,11 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli as cli
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def cli(*args, stdin=None):
+def cli_process(*args, stdin=None):
+    """A new interpreter: what only a real process shows (nothing printed at import, a real stdin pipe)."""
     return subprocess.run([sys.executable, "-m", "loosespec.cli", *args], capture_output=True, text=True,
                           env=ENV, input=stdin, timeout=600)
 
@@ -27,7 +31,7 @@ def assert_one_line_error(proc, *needles):
 
 
 def test_unknown_model(tiny_dir):
-    p = cli("generate", "--target", "no-such-org/no-such-model", "--draft", "none", "hi")
+    p = cli_process("generate", "--target", "no-such-org/no-such-model", "--draft", "none", "hi")
     assert_one_line_error(p, "no-such-org/no-such-model")
 
 
@@ -68,7 +72,7 @@ def test_exact_needs_greedy(tiny_dir):
 
 
 def test_json_output_and_stdin(tiny_dir):
-    p = cli("generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
+    p = cli_process("generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
             "--draft", str(tiny_dir / "draft"), "--max-new-tokens", "20", "-", stdin="def f(x):\n")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -141,19 +145,18 @@ def test_int8_precision_is_recorded_and_exact_equals_ar(tiny_dir):
 
 
 def test_models_cost_measures_once_then_reads_the_cache(tiny_dir, tmp_path):
-    env = {**ENV, "LOOSESPEC_CACHE": str(tmp_path)}
-    args = [sys.executable, "-m", "loosespec.cli", "models", "cost", str(tiny_dir / "target"), "--max-n", "4",
-            "--dtype", "float32", "--quantize", "none"]
-    first = subprocess.run(args + ["--json"], capture_output=True, text=True, env=env, timeout=600)
+    env = {"LOOSESPEC_CACHE": str(tmp_path)}
+    args = ["models", "cost", str(tiny_dir / "target"), "--max-n", "4", "--dtype", "float32", "--quantize", "none"]
+    first = cli(*args, "--json", env=env)
     assert first.returncode == 0, first.stderr
     curve = json.loads(first.stdout)
     assert curve["ns"] == [1, 2, 3, 4] and all(t > 0 for t in curve["seconds"])
     assert curve["meta"]["precision"] == "float32" and curve["meta"]["cpu"]
-    table = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert list((tmp_path / "costs").iterdir())  # on disk, where the next process reads it
+    table = cli(*args, env=env)
     assert table.returncode == 0 and "measuring" not in table.stderr  # served from the cache
     assert "| 4 |" in table.stdout and "c(n)/c(1)" in table.stdout
-    assert_one_line_error(subprocess.run(args[:-6] + ["--max-n", "0"], capture_output=True, text=True, env=env),
-                          "--max-n")
+    assert_one_line_error(cli(*args[:-6], "--max-n", "0", env=env), "--max-n")
 
 
 STATIC_CLI = ["generate", "--json", "--raw", "--dtype", "float32", "--max-new-tokens", "24", "def f(x):\n"]

@@ -155,6 +155,7 @@ def long_prompt(lines: int = 60) -> str:
 
 
 @pytest.mark.real_model
+@pytest.mark.slow  # make test rolls back past a window on a random Gemma 3 (test_exact_equals_ar_on_a_sliding_window_model)
 @pytest.mark.skipif(not ready("gemma-3-270m"), reason="gemma-3-270m not prepared: loosespec models pull gemma-3-270m "
                                                      "(make test does)")
 def test_gemma3_rolls_back_past_its_sliding_window():

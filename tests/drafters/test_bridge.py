@@ -324,6 +324,7 @@ def test_specguard_across_tokenizers(cross_engine, on_reject):
     assert r.stats.step_summary()["accepted_steps"] > 0 and 0 < r.stats.new_tokens <= 24
 
 
+@pytest.mark.slow  # make test checks greedy exact across tokenizers on SmolLM2 with the tiny draft (above)
 @pytest.mark.skipif(not ready("gemma-3-270m"), reason="gemma-3-270m not prepared (loosespec models pull gemma-3-270m)")
 def test_gemma_drafts_for_smollm2_exactly():
     """A real draft of another family (262,144-token vocabulary) for SmolLM2 (49,152)."""

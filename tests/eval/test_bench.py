@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli as cli
 
 from loosespec.eval import harness as B
 from loosespec.errors import LoosespecError
@@ -201,7 +202,7 @@ def test_pending_pairs_interleave_methods_per_prompt():
 
 # --- end to end with the tiny offline models ------------------------------------------------
 
-CLI = [sys.executable, "-m", "loosespec.cli"]
+CLI = [sys.executable, "-m", "loosespec.cli"]  # a real process, for the kill -9 test; the others run in-process
 
 
 @pytest.fixture(autouse=True)
@@ -210,8 +211,8 @@ def _shipped_data_only(monkeypatch):
     monkeypatch.delenv("LOOSESPEC_DATA", raising=False)
 
 
-def bench_cmd(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ngram,exact-model,hf-pld"):
-    return CLI + ["bench", "--dataset", "gsm8k", "--limit", str(limit), "--methods", methods,
+def bench_args(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ngram,exact-model,hf-pld"):
+    return ["bench", "--dataset", "gsm8k", "--limit", str(limit), "--methods", methods,
                   "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--dtype", "float32",
                   "--device", "cpu", "--max-new-tokens", str(tokens), "--out", str(out), "--no-plots"]
 
@@ -226,7 +227,7 @@ def env():
 
 def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     out = tmp_path / "run"
-    first = subprocess.run(bench_cmd(tiny_dir, out), capture_output=True, text=True, env=env(), timeout=600)
+    first = cli(*bench_args(tiny_dir, out))
     assert first.returncode == 0, first.stderr[-2000:]
     got = pairs(out)
     assert sorted(got) == sorted((f"gsm8k/{i}", m) for i in range(2)
@@ -235,38 +236,35 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     summary = json.loads((out / B.SUMMARY).read_text())
     assert summary["methods"]["exact-ngram"]["identical_to_ar"] == 1.0  # lossless, float32
     assert summary["config"]["dataset"] == "gsm8k"
-    rep = subprocess.run(CLI + ["report", str(out), "--spec-bench", str(tmp_path / "sb")], capture_output=True,
-                         text=True, env=env(), timeout=300)
+    rep = cli("report", out, "--spec-bench", tmp_path / "sb")
     assert rep.returncode == 0 and "| exact-ngram | 2 |" in rep.stdout, rep.stderr[-2000:]
     assert (out / "accepted_lengths.png").exists() and (tmp_path / "sb" / "ar.jsonl").exists()
     before = (out / B.RESULTS).read_bytes()
-    again = subprocess.run(bench_cmd(tiny_dir, out), capture_output=True, text=True, env=env(), timeout=600)
+    again = cli(*bench_args(tiny_dir, out))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "nothing to do" in again.stderr
     assert (out / B.RESULTS).read_bytes() == before
     # a larger limit only runs the new problem; a different token budget is refused
-    more = subprocess.run(bench_cmd(tiny_dir, out, limit=3), capture_output=True, text=True, env=env(), timeout=600)
+    more = cli(*bench_args(tiny_dir, out, limit=3))
     assert more.returncode == 0, more.stderr[-2000:]
     assert len(pairs(out)) == 15 and len(set(pairs(out))) == 15
     assert (out / B.RESULTS).read_bytes().startswith(before)
-    bad = subprocess.run(bench_cmd(tiny_dir, out, tokens=25), capture_output=True, text=True, env=env(), timeout=600)
+    bad = cli(*bench_args(tiny_dir, out, tokens=25))
     assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_methods_needing_the_draft_can_join_a_run_that_did_not_load_it(tiny_dir, tmp_path):
     out = tmp_path / "grow"
-    first = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram"), capture_output=True,
-                           text=True, env=env(), timeout=600)
+    first = cli(*bench_args(tiny_dir, out, limit=1, methods="ar,exact-ngram"))
     assert first.returncode == 0, first.stderr[-2000:]
-    more = subprocess.run(bench_cmd(tiny_dir, out, limit=1, methods="ar,exact-ngram,exact-model"),
-                          capture_output=True, text=True, env=env(), timeout=600)
+    more = cli(*bench_args(tiny_dir, out, limit=1, methods="ar,exact-ngram,exact-model"))
     assert more.returncode == 0, more.stderr[-2000:]
     assert pairs(out) == [("gsm8k/0", "ar"), ("gsm8k/0", "exact-ngram"), ("gsm8k/0", "exact-model")]
 
 
 def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     out = tmp_path / "killed"
-    cmd = bench_cmd(tiny_dir, out, limit=6, tokens=64)
+    cmd = CLI + bench_args(tiny_dir, out, limit=6, tokens=64)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
     deadline = time.time() + 300
     results = out / B.RESULTS
@@ -279,7 +277,7 @@ def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     proc.wait()
     written = len(pairs(out)) if results.read_text().endswith("\n") else None
     assert written is None or 3 <= written < 30
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    done = cli(*cmd[len(CLI):])  # the resume need not be a new process
     assert done.returncode == 0, done.stderr[-2000:]
     got = pairs(out)
     assert len(got) == 30 and len(set(got)) == 30
@@ -288,12 +286,12 @@ def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
 def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     for args, msg in ((["--methods", "ar,nope"], "unknown method"), (["--limit", "0"], "positive"),
                       (["--dataset", "nosuch"], "unknown dataset")):
-        cmd = bench_cmd(tiny_dir, tmp_path / "x")
+        cmd = bench_args(tiny_dir, tmp_path / "x")
         for i in range(0, len(args), 2):
             cmd[cmd.index(args[i]) + 1] = args[i + 1]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+        r = cli(*cmd)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
-    r = subprocess.run(CLI + ["report", str(tmp_path / "empty")], capture_output=True, text=True, env=env())
+    r = cli("report", tmp_path / "empty")
     assert r.returncode == 2 and "no results.jsonl" in r.stderr
 
 

@@ -48,12 +48,11 @@ def test_propose_tau_hits_the_requested_rate():
 
 @pytest.mark.parametrize("command", [["bench", "--dataset", "gsm8k", "--out", "unused", "--methods", "ar"],
                                      ["calibrate", "--dataset", "gsm8k"]])
-def test_data_dir_option_of_bench_and_calibrate(tmp_path, command):
+def test_data_dir_option_of_bench_and_calibrate(tmp_path, command, monkeypatch):
     """--data-dir reaches the loader: a folder that is not there stops the command before any model loads."""
-    import subprocess
-    import sys
+    from conftest import run_cli
 
-    r = subprocess.run([sys.executable, "-m", "loosespec.cli", *command, "--data-dir", str(tmp_path / "nowhere")],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli(*command, "--data-dir", tmp_path / "nowhere")
     assert r.returncode == 2 and "loosespec: error: --data-dir" in r.stderr and "is not a folder" in r.stderr, r
     assert not (tmp_path / "unused").exists()

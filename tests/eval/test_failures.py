@@ -149,14 +149,12 @@ def test_mcnemar_in_the_summary_and_its_table():
 
 
 def test_report_failures_on_the_command_line(tmp_path):
-    import subprocess
-    import sys
+    from conftest import run_cli
 
     d = write(tmp_path, [row("a", "ar", [1, 2, 3], True, output="so 3. The answer is 18."),
                          row("a", "fly-mla", [1, 2, 4], False, output="so 4. The answer is 19.",
                              stats={"fly_deferred": 1})])
-    p = subprocess.run([sys.executable, "-m", "loosespec.cli", "report", str(d), "--no-plots", "--failures"],
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli("report", d, "--no-plots", "--failures")
     assert p.returncode == 0, p.stderr
     assert "keeps >= 99% of ar?" in p.stdout and "not decided at n = 1" in p.stdout
     assert "| a | fly-mla | deferred mismatch | - | 2 | 3 / 3 | 18 / 18 / 19 |" in p.stdout

@@ -4,13 +4,13 @@ and plotted from them (speedup, and accuracy on a scored set, against the knob's
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
+from conftest import run_cli as cli
 
 from loosespec.errors import LoosespecError
 from loosespec.eval import harness as B
-from test_bench import CLI, bench_cmd, env, row
+from test_bench import bench_args, row
 
 
 def cfg(name):
@@ -78,14 +78,13 @@ def test_sweep_plot_draws_every_run_and_nothing_else(tmp_path, monkeypatch):
 
 def test_bench_sweep_runs_each_value_and_plots_it(tiny_dir, tmp_path):
     out = tmp_path / "sweep"
-    cmd = bench_cmd(tiny_dir, out, limit=1, tokens=12, methods="ar,fly-ngram")
+    cmd = bench_args(tiny_dir, out, limit=1, tokens=12, methods="ar,fly-ngram")
     cmd.remove("--no-plots")
-    r = subprocess.run(cmd + ["--sweep", "num_draft_tokens=2,4"], capture_output=True, text=True, env=env(),
-                       timeout=600)
+    r = cli(*cmd, "--sweep", "num_draft_tokens=2,4")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(x) for x in (out / B.RESULTS).read_text().splitlines()]
     assert sorted(x["method"] for x in rows) == ["ar", "fly-ngram@num_draft_tokens=2", "fly-ngram@num_draft_tokens=4"]
     assert all(x["lossy"] for x in rows if x["method"] != "ar")
     assert (out / "speedup_by_num_draft_tokens.png").exists()
-    bad = subprocess.run(cmd + ["--sweep", "num_draft_tokens"], capture_output=True, text=True, env=env(), timeout=300)
+    bad = cli(*cmd, "--sweep", "num_draft_tokens")
     assert bad.returncode == 2 and "--sweep takes" in bad.stderr and "Traceback" not in bad.stderr

@@ -146,10 +146,16 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
     assert '"num_speculative_tokens": 15' in argv  # FLy's K by default: its window must fit in the draft
     assert (tmp_path / "env").read_text().split() == ["fly", "4"]
     assert "vllm-fly-ngram (LOSSY)" in p.stderr
-    p = subprocess.run(cmd[:-6] + ["--method", "specguard"], capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
-    p = subprocess.run(cmd + ["--num-draft-tokens", "4"], capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr
+    # refused before any exec: in this process, with exec made an error should it be reached
+    from unittest import mock
+
+    from conftest import run_cli
+
+    with mock.patch("os.execve", side_effect=AssertionError("exec reached")):
+        p = run_cli(*cmd[3:-6], "--method", "specguard")
+        assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
+        p = run_cli(*cmd[3:], "--num-draft-tokens", "4")
+        assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, monkeypatch):

@@ -619,13 +619,10 @@ def test_fuzz_never_5xx(tiny):
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "loosespec.cli", *args], capture_output=True, text=True, env=ENV,
-                          timeout=300, **kw)
-
-
 def test_serve_help_and_bad_method():
-    p = cli("serve", "--help")
+    from conftest import run_cli
+
+    p = run_cli("serve", "--help")
     assert p.returncode == 0
     flat = " ".join(p.stdout.split())
     for m in ("fly", "specguard"):
@@ -633,7 +630,7 @@ def test_serve_help_and_bad_method():
         assert "LOSSY" in flat[at:at + 400], m
     for opt in ("--host", "--port", "--api-key", "--max-queue", "127.0.0.1"):
         assert opt in flat
-    p = cli("serve", "--method", "magic", "--target", "smollm2-135m-instruct")
+    p = run_cli("serve", "--method", "magic", "--target", "smollm2-135m-instruct")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.strip().startswith("loosespec: error:") and "magic" in p.stderr
 
