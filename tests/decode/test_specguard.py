@@ -169,7 +169,7 @@ def test_specguard_needs_a_draft_model(smol_engine):
 
 QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
             "How many clips did Natalia sell altogether in April and May?")
-SG = dict(max_new_tokens=40, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
+SG = dict(max_new_tokens=24, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
 
 
 def test_confidence_variant_is_a_knob_the_step_loop_uses(smol_engine):
@@ -198,7 +198,7 @@ def test_tau_zero_accepts_every_draft_step(smol_engine):
     pytest.param("draft-assisted", "ngram", marks=pytest.mark.slow),
     pytest.param("draft-assisted", "mla", marks=pytest.mark.slow)])
 def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, drafter):
-    ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=40))
+    ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=SG["max_new_tokens"]))
     r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", drafter, sg_tau=1.01, sg_on_reject=on_reject,
                                                            **SG))
     s = r.stats.to_dict()
