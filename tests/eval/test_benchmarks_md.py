@@ -97,6 +97,8 @@ def _quoted_figures() -> list[tuple[str, str]]:
     math = retention(ROOT / "results/bench/evidence/math500")
     mf, msg = math["fly-mla"], math["specguard"]
     math_ident = _methods("results/bench/evidence/math500")["fly-mla"]
+    per_set = {label: retention(ROOT / "results/bench/evidence" / d)["fly-mla"]
+               for label, d in (("GSM8K", "gsm8k"), ("NIAH", "niah"), ("MGSM zh + ja", "mgsm"), ("MATH-500", "math500"))}
     assert mg["verdict"].startswith("not decided")  # what README and BENCHMARKS.md say of it
     mg_open, gsm_open = openings(ROOT / "results/bench/evidence/mgsm"), openings(ROOT / "results/bench/evidence/gsm8k")
     guard = "fly-mla@fly_copy_guard=4"  # FLy's copy guard on MGSM (BENCHMARKS.md "FLy's copy guard, measured")
@@ -157,7 +159,20 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither"),
         (R, f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x ({sk['ar_right_method_wrong']} answers lost, "
             f"{sk['ar_wrong_method_right']} gained): slower"),
+        # "Does FLy keep accuracy?", per set
+        (B, "Per set, for FLy as published (`fly-mla`, greedy): " + ", ".join(
+            f"{label} (n = {k['scored']}) " + ("recovery " if label == "GSM8K" else "") + f"{f(k['recovery'])} "
+            f"({f(k['recovery_ci95'][0])}-{f(k['recovery_ci95'][1])})" for label, k in per_set.items()) + ". On none of "
+            "them is the answer decided" if all(k["verdict"].startswith("not decided") for k in per_set.values())
+            else "a FLy verdict has been decided"),
+        (B, f"MATH-500, against it: {f(msg['recovery'])} ({f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}), "
+            f"{msg['ar_right_method_wrong']} answers lost and none gained; on GSM8K it is not ({f(sk['recovery'])}, "
+            f"{f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])})"),
         # MATH-500 (README's measured paragraph and BENCHMARKS.md below its tables)
+        (B, f"it deferred {math_ident['fly_deferred']} times in {math_ident['prompts']} problems (`fly_deferred` in the "
+            f"run's `summary.json`; {ev['fly-mla']['fly_deferred']} times in GSM8K's {ev['fly-mla']['prompts']} and "
+            f"{fs['fly_deferred']} in MGSM's {fs['prompts']}"),
+        (B, f"chose short drafts (mean accepted length {f(math_ident['mean_accepted_length'])})"),
         (R, f"On the first {mf['scored']} MATH-500 problems FLy lost "
             f"{'no answer' if not mf['ar_right_method_wrong'] else mf['ar_right_method_wrong']} ({f(mf['speedup'])}x) and "
             f"SpecGuard lost {msg['ar_right_method_wrong']}, gained {msg['ar_wrong_method_right']} (recovery "
