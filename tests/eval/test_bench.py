@@ -212,9 +212,10 @@ def _shipped_data_only(monkeypatch):
 
 
 def bench_args(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ngram,exact-model,hf-pld"):
+    """``loosespec bench`` arguments for the tiny pair (CLI + these for a real process)."""
     return ["bench", "--dataset", "gsm8k", "--limit", str(limit), "--methods", methods,
-                  "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--dtype", "float32",
-                  "--device", "cpu", "--max-new-tokens", str(tokens), "--out", str(out), "--no-plots"]
+            "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--dtype", "float32",
+            "--device", "cpu", "--max-new-tokens", str(tokens), "--out", str(out), "--no-plots"]
 
 
 def pairs(out: Path) -> list[tuple[str, str]]:
