@@ -197,14 +197,18 @@ bench-cpu: setup peers
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
 
-# Evidence at scale (issue 20): the default pair in the precision --dtype auto picks here, the cost-aware draft
-# length, greedy; one directory per set. Each run resumes: a larger *_N only adds the missing problems, so a
-# run splits into chunks (e.g. EVID_GSM8K_N=10, then 20, ...). Time only on an otherwise quiet machine.
+# Evidence at scale (issue 20): the default pair, the cost-aware draft length, greedy; one directory per set.
+# Each run resumes: a larger *_N only adds the missing problems, so a run splits into chunks (e.g.
+# EVID_GSM8K_N=10, then 20, ...). Time only on an otherwise quiet machine.
+# Precision is pinned to int8 (float32 with int8 Linear layers), not --dtype auto: the sets are run in chunks
+# across sessions whose CPUs differ (AVX2-only ones, where auto picks int8, and AVX512-bf16 ones, where it
+# picks bfloat16), a directory keeps one precision (its config.json), and int8 runs at speed on every x86 CPU.
 EVIDENCE_DIR ?= results/bench/evidence
+EVID_PRECISION ?= --quantize int8
 EVID_GSM8K_N ?= 100
 EVID_GSM8K_METHODS ?= ar,exact-mla,fly-mla,fly-ngram,specguard,hf-assist,fly-mla@fly_copy_guard=4
 evidence-gsm8k: evidence-models
-	$(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 \
 		--methods $(EVID_GSM8K_METHODS) --out $(EVIDENCE_DIR)/gsm8k
 evidence-models: setup
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
@@ -213,7 +217,7 @@ evidence-models: setup
 EVID_HUMANEVAL_N ?= 164
 EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar
 evidence-humaneval: evidence-models peers
-	$(BIN)/loosespec bench --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
 		--methods $(EVID_HUMANEVAL_METHODS) --out $(EVIDENCE_DIR)/humaneval
 # MGSM in two languages far from English, EVID_MGSM_N per language; with FLy's copy guard (a labeled LOSSY
 # variant, off by default: --fly-copy-guard) against the failure class read in these runs
@@ -221,22 +225,22 @@ EVID_MGSM_N ?= 50
 EVID_MGSM_LANGS ?= zh,ja
 EVID_MGSM_METHODS ?= ar,fly-mla,fly-mla@fly_copy_guard=4
 evidence-mgsm: evidence-models
-	$(BIN)/loosespec bench --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) --max-new-tokens 384 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) --max-new-tokens 384 \
 		--methods $(EVID_MGSM_METHODS) --out $(EVIDENCE_DIR)/mgsm
 EVID_MATH_N ?= 50
 evidence-math500: evidence-models
-	$(BIN)/loosespec bench --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 \
 		--methods ar,fly-mla,specguard --out $(EVIDENCE_DIR)/math500
 # NIAH over the Paul Graham essays (not shipped: EVID_DATA is a folder holding paul_graham_essays.jsonl)
 EVID_DATA ?= ../shared/data
 evidence-niah: evidence-models
-	$(BIN)/loosespec bench --dataset niah --data-dir $(EVID_DATA) --context-lengths 1024,2048,4096 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset niah --data-dir $(EVID_DATA) --context-lengths 1024,2048,4096 \
 		--depths 0,0.33,0.67,1 --max-new-tokens 32 --methods ar,fly-ngram,fly-mla --out $(EVIDENCE_DIR)/niah
 # Spec-Bench, speed only: EVID_SPECBENCH_N prompts from each of its six categories
 EVID_SPECBENCH_N ?= 10
 EVID_SPECBENCH_METHODS ?= ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld,llamacpp-ar
 evidence-specbench: evidence-models peers
-	$(BIN)/loosespec bench --dataset specbench --limit $(EVID_SPECBENCH_N) --max-new-tokens 256 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset specbench --limit $(EVID_SPECBENCH_N) --max-new-tokens 256 \
 		--methods $(EVID_SPECBENCH_METHODS) --out $(EVIDENCE_DIR)/specbench
 # sampling at T = 0.7: GSM8K, three seeds, one directory each; FLy with the official two-sample rule and
 # with the paper's rejection form
@@ -244,7 +248,7 @@ EVID_T07_N ?= 50
 EVID_T07_SEEDS ?= 0 1 2
 evidence-t07: evidence-models
 	for s in $(EVID_T07_SEEDS); do \
-	  $(BIN)/loosespec bench --dataset gsm8k --limit $(EVID_T07_N) --max-new-tokens 384 --temperature 0.7 --seed $$s \
+	  $(BIN)/loosespec bench $(EVID_PRECISION) --dataset gsm8k --limit $(EVID_T07_N) --max-new-tokens 384 --temperature 0.7 --seed $$s \
 	    --methods ar,rejection-mla,fly-mla,fly-mla@fly_sampling=rejection --out $(EVIDENCE_DIR)/gsm8k-t0.7-seed$$s \
 	    || exit 1; \
 	done
