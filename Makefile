@@ -238,7 +238,7 @@ evidence-niah: evidence-models
 		--depths 0,0.33,0.67,1 --max-new-tokens 32 --methods ar,fly-ngram,fly-mla --out $(EVIDENCE_DIR)/niah
 # Spec-Bench, speed only: EVID_SPECBENCH_N prompts from each of its six categories
 EVID_SPECBENCH_N ?= 10
-EVID_SPECBENCH_METHODS ?= ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld,llamacpp-ar
+EVID_SPECBENCH_METHODS ?= ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld,llamacpp-ar,fly-ngram@fly_copy_guard=4
 evidence-specbench: evidence-models peers
 	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset specbench --limit $(EVID_SPECBENCH_N) --max-new-tokens 256 \
 		--methods $(EVID_SPECBENCH_METHODS) --out $(EVIDENCE_DIR)/specbench
