@@ -8,9 +8,10 @@ holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) a
 ``<!-- precision A B -->`` .. ``<!-- end precision -->`` ``benchmarks/precision_accuracy.py A B``
 (``ar`` in two precisions), ``<!-- calibration FILE -->`` .. ``<!-- end calibration -->`` the table of
 ``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults), ``<!-- retention DIR... -->`` ..
-``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories and
-``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified
-(``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
+``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories (in these two,
+``A+B+C`` without spaces reads runs of one set under several seeds as one) and
+``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
+method's outputs open and end (``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
     python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
@@ -101,15 +102,18 @@ def render(md: str) -> str:
     def calibration(m: re.Match) -> str:  # loosespec calibrate's JSON (loosespec.eval.calibrate)
         return m.group(1) + "\n" + calibration_table(ROOT / m.group(2)) + "\n\n" + m.group(4)
 
+    def dirs(spec: str) -> list:  # "A B+C": directory A, then B and C pooled (runs of one set under two seeds)
+        return [[ROOT / x for x in d.split("+")] if "+" in d else ROOT / d for d in spec.split()]
+
     def retention(m: re.Match) -> str:  # does each lossy method keep ar's accuracy (loosespec.eval.failures)
         from loosespec.eval.failures import retention_table
 
-        return m.group(1) + "\n" + retention_table([ROOT / d for d in m.group(2).split()], ROOT) + "\n\n" + m.group(4)
+        return m.group(1) + "\n" + retention_table(dirs(m.group(2)), ROOT) + "\n\n" + m.group(4)
 
     def failures(m: re.Match) -> str:  # the answers lossy methods lost, classified (loosespec.eval.failures)
         from loosespec.eval.failures import failure_table
 
-        return m.group(1) + "\n" + failure_table([ROOT / d for d in m.group(2).split()], ROOT) + "\n\n" + m.group(4)
+        return m.group(1) + "\n" + failure_table(dirs(m.group(2)), ROOT) + "\n\n" + m.group(4)
 
     md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))

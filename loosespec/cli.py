@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 os.environ.setdefault("TYPER_USE_RICH", "0")  # plain one-screen click errors, no boxed tracebacks
 import typer  # noqa: E402
@@ -491,12 +491,24 @@ def report(
                                   "and a lossy method wrong, classified (repetition loop, truncated at the "
                                   "budget, deferred mismatch, accepted draft step, other), with how often "
                                   "each method's answers open by restating the question."),
+    pool: Optional[List[Path]] = typer.Option(None, "--pool", help="With --failures: also read OUT and these "
+                                              "results directories (the same set and settings under other "
+                                              "--seed values) as one pooled run: the retention verdict gains a "
+                                              "pooled line and the lost answers are read across all of them; at "
+                                              "T > 0 one seed is one draw. Repeatable."),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
     from loosespec.eval import harness as B
 
+    if pool and not failures:
+        raise LoosespecError("--pool pools the --failures tables across seeds: give --failures with it")
     method_list = B.parse_methods(methods) if methods else None
     summary, table = B.report(out, method_list, draw=plots)
+    if failures:  # read before anything is printed: a pool that cannot be read fails here
+        from loosespec.eval.failures import failure_table, retention_table
+
+        verdicts = retention_table([out] + ([[out, *pool]] if pool else []))
+        lost = failure_table([[out, *pool]] if pool else [out])
     if spec_bench is not None:
         written = B.export_spec_bench(B.ResultsFile(out / B.RESULTS).read(), spec_bench)
         print(f"Spec-Bench answer files: {', '.join(str(p) for p in written)}", file=sys.stderr)
@@ -505,10 +517,8 @@ def report(
           f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n")
     print(table)
     if failures:
-        from loosespec.eval.failures import failure_table, retention_table
-
-        print("\nDoes each lossy method keep ar's accuracy?\n\n" + retention_table([out]))
-        print("\nAnswers ar got right and a lossy method wrong:\n\n" + failure_table([out]))
+        print("\nDoes each lossy method keep ar's accuracy?\n\n" + verdicts)
+        print("\nAnswers ar got right and a lossy method wrong:\n\n" + lost)
 
 
 @app.command()

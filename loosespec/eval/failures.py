@@ -21,13 +21,19 @@ the question (:func:`restates_question`: its first :data:`OPENING_CHARS` charact
 over a whole set with the accuracy of each kind: a lossy acceptance that makes answers restate the question
 more often than ``ar`` does shows there (MGSM zh/ja: issue 20).
 
+:func:`endings` counts, per method and unpaired, the outputs that stopped at the token budget and those that
+end in a repetition loop: at T > 0 a method's output parts from ``ar``'s wherever the two draws differ, lossy
+acceptance or not, so the paired classes above say little there, while "does the lossy rule let loops in more
+often than ``ar``'s own sampling does" still compares like with like.
+
 :func:`retention` answers "does the method keep ``ar``'s accuracy?" per method: the recovery (method
 accuracy / ``ar`` accuracy) with a 95% interval, and the verdict ``kept`` when the whole interval is at least
 :data:`KEEP` (FLy's claim: at least 99% of the target's accuracy), ``lost`` when the whole interval is below
 it, else ``not decided at n = N``. The interval comes from the paired 2x2 table (both right, only ``ar``
 right, only the method right, both wrong) under a Dirichlet posterior with Jeffreys' prior (1/2 per cell),
 not from a bootstrap over problems: a bootstrap of a table with no discordant pairs gives the interval
-[1, 1] at any n, which would call 10 identical answers "kept".
+[1, 1] at any n, which would call 10 identical answers "kept". Runs of one set under several seeds can be read
+as one (:func:`pooled`): every reading here takes a sequence of directories where it takes one.
 """
 
 from __future__ import annotations
@@ -158,10 +164,26 @@ def _load(out: Path) -> tuple[list[dict], dict]:
     return ResultsFile(out / RESULTS).read(), json.loads((out / CONFIG).read_text())
 
 
-def failures(out: Path) -> list[dict]:
-    """Every problem of the results directory ``out`` that ``ar`` scored right and a lossy method wrong,
-    classified (:func:`classify`), in the order of the problems' numbers (``gsm8k/2`` before ``gsm8k/10``)."""
-    return _failures(*_load(out))
+def _name(d: Path, root: Path | None) -> str:
+    return str(Path(d).relative_to(root)) if root else str(d)
+
+
+def _key(d: Path | Sequence[Path]):  # a directory, or a pool of them, as a dict key
+    return d if isinstance(d, (str, Path)) else tuple(d)
+
+
+def _label(d: Path | Sequence[Path], root: Path | None) -> str:
+    return _name(d, root) if isinstance(d, (str, Path)) else " + ".join(_name(x, root) for x in d)
+
+
+def _read(d: Path | Sequence[Path]) -> tuple[list[dict], dict]:
+    return _load(d) if isinstance(d, (str, Path)) else pooled(d)
+
+
+def failures(out: Path | Sequence[Path]) -> list[dict]:
+    """Every problem of the results directory ``out`` (or pooled directories, :func:`pooled`) that ``ar`` scored
+    right and a lossy method wrong, classified (:func:`classify`), in the order of the problems' numbers (``gsm8k/2`` before ``gsm8k/10``)."""
+    return _failures(*_read(out))
 
 
 def _failures(rows: list[dict], config: dict) -> list[dict]:
@@ -170,25 +192,26 @@ def _failures(rows: list[dict], config: dict) -> list[dict]:
             and r.get("score") is not None and not r["score"]]
     prompts = _prompts(config) if lost else {}
     lost = [classify(ar[r["question_id"]], r, config["max_new_tokens"], config.get("dataset", ""),
-                     prompts.get(r["question_id"])) for r in lost]
+                     prompts.get(r.get("problem", r["question_id"]))) for r in lost]
     return sorted(lost, key=lambda f: ([int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f["question_id"])],
                                        f["method"]))
 
 
-def openings(out: Path) -> dict[str, dict]:
-    """Per method of the results directory ``out`` (``ar`` included), over its scored rows: how many open by
-    restating the question (:func:`restates_question`), and the accuracy of those and of the others."""
-    return _openings(*_load(out))
+def openings(out: Path | Sequence[Path]) -> dict[str, dict]:
+    """Per method of the results directory ``out`` (or pooled directories; ``ar`` included), over its scored rows:
+    how many open by restating the question (:func:`restates_question`), and the accuracy of those and of the
+    others."""
+    return _openings(*_read(out))
 
 
 def _openings(rows: list[dict], config: dict) -> dict[str, dict]:
     prompts = _prompts(config)
     tally: dict[str, dict[bool, list[int]]] = {}
     for r in rows:
-        if r.get("score") is None or r["question_id"] not in prompts:
+        prompt = prompts.get(r.get("problem", r["question_id"]))
+        if r.get("score") is None or prompt is None:
             continue
-        kind = tally.setdefault(r["method"], {True: [0, 0], False: [0, 0]})[
-            restates_question(r["output"], prompts[r["question_id"]])]
+        kind = tally.setdefault(r["method"], {True: [0, 0], False: [0, 0]})[restates_question(r["output"], prompt)]
         kind[0] += 1
         kind[1] += bool(r["score"])
     return {m: {"scored": t[True][0] + t[False][0], "restates": t[True][0],
@@ -196,30 +219,66 @@ def _openings(rows: list[dict], config: dict) -> dict[str, dict]:
                 "accuracy_other": t[False][1] / t[False][0] if t[False][0] else None} for m, t in tally.items()}
 
 
-def opening_table(dirs: Sequence[Path], root: Path | None = None, loaded: dict | None = None) -> str:
-    """One line per (result directory, method): :func:`openings`; "" when no directory's prompts can be read.
-    ``loaded`` maps a directory to its ``(rows, config)`` when the caller has read them already."""
+def endings(out: Path | Sequence[Path]) -> dict[str, dict]:
+    """Per method of the results directory ``out`` (``ar`` included; a sequence of directories is pooled, see
+    :func:`pooled`), over its scored rows: how many stopped at the token budget, how many of those end in a
+    repetition loop (:func:`repetition_loop`), and how many of those were right anyway. Unpaired, so it reads
+    the same at any temperature: at T > 0, where the paired classes compare two draws, "does the lossy rule let
+    loops in more often than ``ar``'s own sampling does" compares like with like."""
+    return _endings(*_read(out))
+
+
+def _endings(rows: list[dict], config: dict) -> dict[str, dict]:
+    budget, tally = config["max_new_tokens"], {}
+    for r in rows:
+        if r.get("score") is None:
+            continue
+        t = tally.setdefault(r["method"], {"scored": 0, "at_budget": 0, "loops": 0, "right_at_budget": 0})
+        t["scored"] += 1
+        if r["new_tokens"] >= budget:
+            t["at_budget"] += 1
+            t["loops"] += repetition_loop(r["token_ids"]) is not None
+            t["right_at_budget"] += bool(r["score"])
+    return tally
+
+
+def ending_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None, loaded: dict | None = None) -> str:
+    """One line per (result directory or pooled directories, method): :func:`endings`."""
+    loaded = loaded or {}
+    lines = ["| results | method | n | stopped at the token budget | ends in a repetition loop | "
+             "right anyway |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for d in dirs:
+        for m, t in _endings(*(loaded.get(_key(d)) or _read(d))).items():
+            lines.append(f"| {_label(d, root)} | {m} | {t['scored']} | {t['at_budget']} "
+                         f"({t['at_budget'] / t['scored']:.2f}) | {t['loops']} | {t['right_at_budget']} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def opening_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None, loaded: dict | None = None) -> str:
+    """One line per (result directory or pooled directories, method): :func:`openings`; "" when no directory's
+    prompts can be read. ``loaded`` maps a directory (a tuple for a pool) to its ``(rows, config)`` when the
+    caller has read them already."""
     loaded = loaded or {}
     lines = ["| results | method | n | opens by restating the question | accuracy when it does | "
              "accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for d in dirs:
-        name = str(Path(d).relative_to(root)) if root else str(d)
-        for m, v in _openings(*(loaded.get(d) or _load(d))).items():
+        for m, v in _openings(*(loaded.get(_key(d)) or _read(d))).items():
             acc = ["-" if a is None else f"{a:.2f}" for a in (v["accuracy_restating"], v["accuracy_other"])]
-            lines.append(f"| {name} | {m} | {v['scored']} | {v['restates']} ({v['restates'] / v['scored']:.2f}) | "
-                         f"{acc[0]} | {acc[1]} |")
+            lines.append(f"| {_label(d, root)} | {m} | {v['scored']} | {v['restates']} "
+                         f"({v['restates'] / v['scored']:.2f}) | {acc[0]} | {acc[1]} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
+def failure_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None) -> str:
     """Counts per (set, method, class), the openings that restate the question per method (:func:`opening_table`),
-    then one line per lost answer, for the result directories ``dirs``."""
+    how each method's outputs end (:func:`ending_table`), then one line per lost answer, for the result
+    directories ``dirs`` (an entry that is a sequence of directories is read as one pooled run, :func:`pooled`)."""
     counts: dict[tuple[str, str], dict[str, int]] = {}
     lines = []
-    loaded = {d: _load(d) for d in dirs}  # each run read once, for the lost answers and the openings
+    loaded = {_key(d): _read(d) for d in dirs}  # each run read once, for every table below
     for d in dirs:
-        name = str(Path(d).relative_to(root)) if root else str(d)
-        for f in _failures(*loaded[d]):
+        name = _label(d, root)
+        for f in _failures(*loaded[_key(d)]):
             counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
             restates = "-" if f["restates"] is None else " / ".join("yes" if x else "no" for x in f["restates"])
             lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | "
@@ -230,9 +289,9 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
     for (name, m), c in counts.items():
         table.append(f"| {name} | {m} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in CLASSES) + " |")
     if not counts:
-        table.append("| " + ", ".join(str(d) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
-    opening = opening_table(dirs, root, loaded)
-    table += ["", opening] if opening else []
+        table.append("| " + ", ".join(_label(d, root) for d in dirs) + " | (none lost) |" + " 0 |" * (len(CLASSES) + 1))
+    for extra in (opening_table(dirs, root, loaded), ending_table(dirs, root, loaded)):
+        table += ["", extra] if extra else []
     if lines:
         table += ["", "| problem | method | class | restates the question (ar / method) | parts from ar at token "
                   "| tokens (ar / method) | answer (gold / ar / method) | ar (» where they part) | method |",
@@ -240,11 +299,44 @@ def failure_table(dirs: Sequence[Path], root: Path | None = None) -> str:
     return "\n".join(table)
 
 
-def retention(out: Path) -> dict[str, dict]:
+POOL_KEYS = ("dataset", "target", "draft", "dtype", "max_new_tokens", "temperature", "top_p", "top_k")
+
+
+def pooled(dirs: Sequence[Path]) -> tuple[list[dict], dict]:
+    """The rows of several results directories of one set and settings that differ only in ``--seed``, as one
+    run: each question id is prefixed with its run's seed (``s1:gsm8k/7``; ``problem`` keeps the set's id), so a
+    problem pairs with ``ar``'s row of the same seed only and counts once per seed. At T > 0 one seed is one
+    draw per method, and ``ar``'s own draw is as noisy as the method's; pooling the seeds is what makes the paired table an estimate. The draws of
+    one problem under different seeds are independent given the problem, so :func:`recovery_interval` on the
+    pooled table is an interval for these problems; it does not widen for the choice of problems, which a
+    larger ``--limit`` does. Raises :class:`~loosespec.errors.LoosespecError` when the runs differ in anything
+    but the seed (:data:`POOL_KEYS`) or repeat a seed."""
+    from loosespec.errors import LoosespecError
+
+    missing = [str(Path(d) / f) for d in dirs for f in (RESULTS, CONFIG) if not (Path(d) / f).is_file()]
+    if missing:
+        raise LoosespecError(f"cannot pool: {', '.join(missing)} not found (a directory written by `loosespec bench`)")
+    loaded = [_load(d) for d in dirs]
+    first = loaded[0][1]
+    for d, (_, cfg) in zip(dirs, loaded):
+        differ = [k for k in POOL_KEYS if cfg.get(k) != first.get(k)]
+        if differ:
+            raise LoosespecError(f"cannot pool {d} with {dirs[0]}: they differ in {', '.join(differ)} "
+                                 f"(only --seed may differ)")
+    seeds = [cfg.get("seed") for _, cfg in loaded]
+    if len(set(seeds)) < len(seeds):
+        raise LoosespecError(f"cannot pool runs that repeat a seed ({seeds}): each seed's draws would count twice")
+    rows = [{**r, "question_id": f"s{cfg.get('seed')}:{r['question_id']}", "problem": r["question_id"]}
+            for rs, cfg in loaded for r in rs]
+    return rows, {**first, "seed": seeds}
+
+
+def retention(out: Path | Sequence[Path]) -> dict[str, dict]:
     """Per lossy method of the results directory ``out``: n, accuracies, paired counts, McNemar's exact p,
     the speedup, the recovery with its 95% interval (:func:`recovery_interval`) and the verdict against
-    :data:`KEEP`."""
-    rows, _ = _load(out)
+    :data:`KEEP`. A sequence of directories (runs of one set that differ in ``--seed``) is read as one pooled
+    run (:func:`pooled`)."""
+    rows, _ = _read(out)
     summary = summarize(rows)["methods"]
     verdicts = {}
     for m, s in summary.items():
@@ -270,13 +362,14 @@ def _ci(ci, spec: str = ".2f") -> str:
     return f" ({ci[0]:{spec}}-{ci[1]:{spec}})" if ci else ""
 
 
-def retention_table(dirs: Sequence[Path], root: Path | None = None) -> str:
-    """One line per (result directory, lossy method): :func:`retention`."""
+def retention_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None) -> str:
+    """One line per (result directory, lossy method): :func:`retention`. An entry of ``dirs`` that is itself a
+    sequence of directories is one pooled line (:func:`pooled`), named by its directories joined with " + "."""
     lines = ["| results | method | n | ar accuracy | accuracy (95% CI) | recovery (95% CI) | lost / gained "
              "| McNemar p | speedup (95% CI) | keeps >= 99% of ar? |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for d in dirs:
-        name = str(Path(d).relative_to(root)) if root else str(d)
+        name = _label(d, root)
         for m, v in retention(d).items():
             recovery = "-" if v["recovery"] is None else f"{v['recovery']:.2f}{_ci(v['recovery_ci95'])}"
             lines.append(f"| {name} | {m} | {v['scored']} | {v['ar_accuracy']:.2f} | "

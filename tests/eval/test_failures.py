@@ -158,3 +158,84 @@ def test_report_failures_on_the_command_line(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "keeps >= 99% of ar?" in p.stdout and "not decided at n = 1" in p.stdout
     assert "| a | fly-mla | deferred mismatch | - | 2 | 3 / 3 | 18 / 18 / 19 |" in p.stdout
+
+
+def _seed_run(d, seed, outcomes, temperature=0.7):
+    """A results directory of one seed: per problem, (ar right, fly-mla right)."""
+    d.mkdir()
+    rows = [r for i, (a, m) in enumerate(outcomes)
+            for r in (row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [2], m))]
+    write(d, rows)
+    cfg = json.loads((d / B.CONFIG).read_text())
+    (d / B.CONFIG).write_text(json.dumps({**cfg, "seed": seed, "temperature": temperature}))
+    return d
+
+
+def test_pooled_seeds_pair_each_problem_within_its_seed(tmp_path):
+    # seed 0: the method loses q0; seed 1: it gains q0 and loses nothing. Pairing across seeds would be wrong.
+    s0 = _seed_run(tmp_path / "s0", 0, [(True, False), (True, True), (False, False)])
+    s1 = _seed_run(tmp_path / "s1", 1, [(False, True), (True, True), (False, False)])
+    rows, cfg = F.pooled([s0, s1])
+    assert len(rows) == 12 and cfg["seed"] == [0, 1]
+    assert {r["question_id"] for r in rows} == {f"s{s}:q{i}" for s in (0, 1) for i in range(3)}
+    v = F.retention([s0, s1])["fly-mla"]
+    assert v["scored"] == 6 and (v["ar_right_method_wrong"], v["ar_wrong_method_right"]) == (1, 1)
+    assert v["ar_accuracy"] == pytest.approx(0.5) and v["verdict"] == "not decided at n = 6"
+    assert v["recovery_ci95"] == F.recovery_interval(2, 1, 1, 2)  # the pooled 2x2 table, under the same prior
+    text = F.retention_table([s0, [s0, s1]], tmp_path)
+    assert "| s0 | fly-mla | 3 |" in text and "| s0 + s1 | fly-mla | 6 | 0.50 |" in text
+
+
+def test_pooling_refuses_runs_that_differ_in_more_than_the_seed(tmp_path):
+    from loosespec.errors import LoosespecError
+
+    s0 = _seed_run(tmp_path / "s0", 0, [(True, True)])
+    hot = _seed_run(tmp_path / "hot", 1, [(True, True)], temperature=1.0)
+    again = _seed_run(tmp_path / "again", 0, [(True, True)])
+    with pytest.raises(LoosespecError, match="differ in temperature"):
+        F.pooled([s0, hot])
+    with pytest.raises(LoosespecError, match="repeat a seed"):
+        F.pooled([s0, again])
+    with pytest.raises(LoosespecError, match="not found"):
+        F.pooled([s0, tmp_path / "nowhere"])
+
+
+def test_report_pools_seeds_on_the_command_line(tmp_path):
+    from conftest import run_cli
+
+    s0 = _seed_run(tmp_path / "s0", 0, [(True, False), (True, True)])
+    s1 = _seed_run(tmp_path / "s1", 1, [(True, True), (False, True)])
+    p = run_cli("report", s0, "--no-plots", "--failures", "--pool", s1)
+    assert p.returncode == 0, p.stderr
+    assert f"| {s0} + {s1} | fly-mla | 4 | 0.75 |" in p.stdout
+    assert f"| {s0} + {s1} | fly-mla | 1 | 0 | 0 | 0 | 0 | 1 |" in p.stdout  # the lost answers, read across seeds
+    assert f"| {s0} | fly-mla | 1 |" not in p.stdout  # ... once, not again for seed 0 alone
+    bad = run_cli("report", s0, "--no-plots", "--failures", "--pool", tmp_path / "nowhere")
+    assert bad.returncode != 0 and "not found" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.stdout == ""  # refused before any table was printed
+    alone = run_cli("report", s0, "--no-plots", "--pool", s1)
+    assert alone.returncode != 0 and "--failures" in alone.stderr
+
+
+def test_endings_count_budget_stops_and_loops_per_method(tmp_path):
+    head = list(range(100, 110))
+    d = write(tmp_path, [
+        row("a", "ar", head, True), row("a", "fly-mla", head + [7, 8, 9] * 10, False, stats={"fly_deferred": 1}),
+        row("b", "ar", head * 4, True), row("b", "fly-mla", list(range(200, 240)), True),  # 40 = the budget
+        row("c", "ar", head, None), row("c", "fly-mla", head * 4, None),  # unscored: not counted
+    ], budget=40)
+    assert F.endings(d) == {"ar": {"scored": 2, "at_budget": 1, "loops": 1, "right_at_budget": 1},
+                            "fly-mla": {"scored": 2, "at_budget": 2, "loops": 1, "right_at_budget": 1}}
+    table = F.failure_table([d], tmp_path.parent)
+    assert f"| {tmp_path.name} | fly-mla | 2 | 2 (1.00) | 1 | 1 |" in table
+    assert f"| {tmp_path.name} | fly-mla | 1 | 1 | 0 | 0 | 0 | 0 |" in table  # the lost answer: a loop
+
+
+def test_failure_table_reads_pooled_seeds(tmp_path):
+    s0 = _seed_run(tmp_path / "s0", 0, [(True, False), (True, True)])
+    s1 = _seed_run(tmp_path / "s1", 1, [(True, False), (False, True)])
+    lost = F.failures([s0, s1])
+    assert [(f["question_id"], f["method"]) for f in lost] == [("s0:q0", "fly-mla"), ("s1:q0", "fly-mla")]
+    table = F.failure_table([[s0, s1]], tmp_path)
+    assert "| s0 + s1 | fly-mla | 2 | 0 | 0 | 0 | 0 | 2 |" in table  # never deferred: "other"
+    assert "| s0 + s1 | ar | 4 | 0 (0.00) | 0 | 0 |" in table
