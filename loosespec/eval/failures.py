@@ -121,6 +121,15 @@ def _answer(dataset: str, row: dict):
     return {True: "right", False: "wrong", None: "-"}[None if row.get("score") is None else bool(row["score"])]
 
 
+def _gold(dataset: str, row: dict):
+    """The reference answer as one table cell: none where the set is scored by running tests (HumanEval's
+    reference is a whole solution, not an answer to compare), else on one line."""
+    gold = row.get("answer")
+    if dataset == "humaneval" or gold is None:
+        return "-"
+    return str(gold).replace("\n", "⏎").replace("|", "\\|")
+
+
 def _snippet(text: str, at: int, before: int = 50, after: int = 40) -> str:
     s = text[max(0, at - before):at] + "»" + text[at:at + after]
     return s.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")
@@ -147,7 +156,7 @@ def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", pr
         "question_id": row["question_id"], "method": row["method"], "class": cls,
         "diverged_at_token": first_divergence(ar_row["token_ids"], row["token_ids"]),
         "new_tokens": row["new_tokens"], "ar_new_tokens": ar_row["new_tokens"],
-        "gold": row.get("answer"), "ar_answer": _answer(dataset, ar_row), "method_answer": _answer(dataset, row),
+        "gold": _gold(dataset, row), "ar_answer": _answer(dataset, ar_row), "method_answer": _answer(dataset, row),
         "deferred": stats.get("fly_deferred"), "accepted_steps": stats.get("accepted_steps"),
         "loop_period": loop[0] if loop else None,
         "restates": None if prompt is None else (restates_question(ar_row["output"], prompt),
