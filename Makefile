@@ -213,9 +213,10 @@ evidence-gsm8k: evidence-models
 evidence-models: setup
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
-# HumanEval (all 164, 512 tokens, sandboxed tests); llamacpp-ar needs llama-cpp-python (make peers, 10-20 min)
+# HumanEval (all 164, 512 tokens, sandboxed tests); llamacpp-ar needs llama-cpp-python (make peers, 10-20 min);
+# with FLy's copy guard (a labeled LOSSY variant, off by default) against the docstring loops read in these runs
 EVID_HUMANEVAL_N ?= 164
-EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar
+EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar,fly-mla@fly_copy_guard=4
 evidence-humaneval: evidence-models peers
 	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
 		--methods $(EVID_HUMANEVAL_METHODS) --out $(EVIDENCE_DIR)/humaneval

@@ -125,9 +125,28 @@ def _quoted_figures() -> list[tuple[str, str]]:
     sk = retention(ROOT / "results/bench/evidence/gsm8k")["specguard"]
     sg_steps = sum(x["method"] == "specguard" and x["class"] == "accepted draft step" for x in read)
     small = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
-    return [
+    he = retention(ROOT / "results/bench/evidence/humaneval")  # HumanEval, all 164 ("HumanEval: all 164 problems")
+    hm = _methods("results/bench/evidence/humaneval")
+    hf, hn, hg = he["fly-mla"], he["fly-ngram"], he[guard]
+    assert hm["exact-ngram"]["identical_to_ar"] == 1.0 and hf["verdict"] == hn["verdict"] == "lost"
+    assert hg["verdict"].startswith("not decided") and hm[guard]["prompts"] == 128
+
+    def ci(r):
+        return f"{f(r['recovery_ci95'][0])}-{f(r['recovery_ci95'][1])}"
+    he_sentences = [
+        (B, f"`fly-mla` recovery {f(hf['recovery'])} (95% interval {ci(hf)}, {hf['ar_right_method_wrong']} lost, "
+            f"{hf['ar_wrong_method_right']} gained) and `fly-ngram` {f(hn['recovery'])} ({ci(hn)}), both `lost`"),
+        (B, f"With the copy guard the first {hm[guard]['prompts']} problems come out at recovery "
+            f"{f(hg['recovery'])} ({ci(hg)}): not decided."),
+        (B, f"where the lossless `exact-ngram` runs at {f(hm['exact-ngram']['speedup'])}x"),
+        (R, f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
+            f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)"),
+        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the first {hm[guard]['prompts']} "
+            "problems"),
+    ]
+    return he_sentences + [
         # the lost answers, read (BENCHMARKS.md "The answers a lossy method lost, read")
-        (B, f"Of the {len(read)} lost answers " + ("none is a repetition loop" if not loops else
+        (B, f"Of the {len(read)} lost answers on GSM8K, NIAH and MGSM " + ("none is a repetition loop" if not loops else
                                                    f"{loops} are repetition loops")),
         (B, f"{small.get(trunc, trunc).capitalize()} ran to the token budget: mgsm/ja/40"),
         (B, f"SpecGuard's {small.get(sg_steps, sg_steps)} accepted draft steps that went wrong"),
