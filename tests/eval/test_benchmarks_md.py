@@ -129,19 +129,19 @@ def _quoted_figures() -> list[tuple[str, str]]:
     hm = _methods("results/bench/evidence/humaneval")
     hf, hn, hg = he["fly-mla"], he["fly-ngram"], he[guard]
     assert hm["exact-ngram"]["identical_to_ar"] == 1.0 and hf["verdict"] == hn["verdict"] == "lost"
-    assert hg["verdict"].startswith("not decided") and hm[guard]["prompts"] == 128
+    assert hg["verdict"].startswith("not decided") and hm[guard]["prompts"] == 164
 
     def ci(r):
         return f"{f(r['recovery_ci95'][0])}-{f(r['recovery_ci95'][1])}"
     he_sentences = [
         (B, f"`fly-mla` recovery {f(hf['recovery'])} (95% interval {ci(hf)}, {hf['ar_right_method_wrong']} lost, "
             f"{hf['ar_wrong_method_right']} gained) and `fly-ngram` {f(hn['recovery'])} ({ci(hn)}), both `lost`"),
-        (B, f"With the copy guard the first {hm[guard]['prompts']} problems come out at recovery "
+        (B, f"With the copy guard the {hm[guard]['prompts']} problems come out at recovery "
             f"{f(hg['recovery'])} ({ci(hg)}): not decided."),
         (B, f"where the lossless `exact-ngram` runs at {f(hm['exact-ngram']['speedup'])}x"),
         (R, f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
             f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)"),
-        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the first {hm[guard]['prompts']} "
+        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the {hm[guard]['prompts']} "
             "problems"),
     ]
     return he_sentences + [
