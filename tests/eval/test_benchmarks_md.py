@@ -138,6 +138,11 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"{hf['ar_wrong_method_right']} gained) and `fly-ngram` {f(hn['recovery'])} ({ci(hn)}), both `lost`"),
         (B, f"With the copy guard the {hm[guard]['prompts']} problems come out at recovery "
             f"{f(hg['recovery'])} ({ci(hg)}): not decided."),
+        # "Does FLy keep accuracy?", per set: the one decided FLy verdict
+        (B, f"On HumanEval (n = {hf['scored']}) it is decided, against the claim: recovery {f(hf['recovery'])} "
+            f"({ci(hf)}), {hf['ar_right_method_wrong']} answers lost and {hf['ar_wrong_method_right']} gained, and "
+            f"`fly-ngram` {f(hn['recovery'])} ({ci(hn)}); most of those losses are docstring copies, which FLy's "
+            f"labeled copy guard refuses (with it, {f(hg['recovery'])}, {ci(hg)}: not decided)."),
         (B, f"where the lossless `exact-ngram` runs at {f(hm['exact-ngram']['speedup'])}x"),
         (R, f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
             f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)"),
