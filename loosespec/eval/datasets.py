@@ -620,13 +620,17 @@ def _score_niah(problem: Problem, output: str) -> bool:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One evaluation set: its loader, load options (name -> default), scorer and score options."""
+    """One evaluation set: its loader, load options (name -> default), scorer and score options.
+
+    ``short_answer``: a problem's ``answer`` is an answer to show beside an output (a number, an expression,
+    a needle), not a reference solution that tests stand in for (HumanEval's canonical solution)."""
     name: str
     loader: Callable[..., list[Problem]]
     options: Mapping[str, Any]
     scorer: Callable[..., bool] | None
     score_options: Mapping[str, Any]
     scorer_doc: str
+    short_answer: bool = True
 
     def __call__(self, limit: int | None = None, directory: str | Path | None = None, **options) -> list[Problem]:
         return self.loader(limit, directory, **options)  # DATASETS[name](limit, directory) as before
@@ -642,7 +646,8 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("math500", math500, {}, _score_math500, {},
                 "math_verify: verify(parse('$' + gold + '$'), parse(output)), \\boxed{} content preferred"),
     DatasetSpec("humaneval", humaneval, {}, _score_humaneval, {"timeout_s": 10.0, "memory_mb": 1024},
-                "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox"),
+                "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox",
+                short_answer=False),
     DatasetSpec("specbench", specbench, {"category": None}, None, {},
                 "none: judged only by agreement with the ar output"),
     DatasetSpec("mtbench", mtbench, {}, None, {},

@@ -113,19 +113,22 @@ def _prompts(config: dict) -> dict[str, str]:
 
 
 def _answer(dataset: str, row: dict):
-    """What the scorer read from the output where it is a number (gsm8k, mgsm); else right/wrong."""
-    if dataset in ("gsm8k", "mgsm"):
-        from loosespec.eval.datasets import extract_number
+    """What the scorer read from the output where it reads a number (gsm8k, mgsm); else right/wrong."""
+    from loosespec.eval.datasets import DATASETS, _score_number, extract_number
 
+    spec = DATASETS.get(dataset)
+    if spec is not None and spec.scorer is _score_number:
         return extract_number(row["output"])
     return {True: "right", False: "wrong", None: "-"}[None if row.get("score") is None else bool(row["score"])]
 
 
 def _gold(dataset: str, row: dict):
-    """The reference answer as one table cell: none where the set is scored by running tests (HumanEval's
-    reference is a whole solution, not an answer to compare), else on one line."""
-    gold = row.get("answer")
-    if dataset == "humaneval" or gold is None:
+    """The reference answer as one table cell: none where it is a reference solution that tests stand in for
+    (``DatasetSpec.short_answer``: HumanEval's is a whole function), else on one line."""
+    from loosespec.eval.datasets import DATASETS
+
+    gold, spec = row.get("answer"), DATASETS.get(dataset)
+    if gold is None or (spec is not None and not spec.short_answer):
         return "-"
     return str(gold).replace("\n", "⏎").replace("|", "\\|")
 

@@ -58,9 +58,8 @@ def test_classify_puts_each_lost_answer_in_the_first_class_that_fits():
     assert (c["gold"], c["ar_answer"], c["method_answer"]) == ("18", "18", "12")
     assert c["ar_text"].endswith("»3. The answer is 18.") and c["text"].endswith("»4. The answer is 12.")
     # a test-scored set's reference is a whole solution: no gold cell, and nothing that breaks a table row
-    code = {**deferred, "answer": "    return n**2\n"}
-    assert (F.classify(ar, code, 40, "humaneval")["gold"], F.classify(ar, code, 40, "humaneval")["method_answer"]) \
-        == ("-", "wrong")
+    code = F.classify(ar, {**deferred, "answer": "    return n**2\n"}, 40, "humaneval")
+    assert (code["gold"], code["method_answer"]) == ("-", "wrong")
     assert F.classify(ar, {**deferred, "answer": "a|b\nc"}, 40, "math500")["gold"] == "a\\|b⏎c"
     step = row("q", "specguard", [0, 1, 7], False, stats={"accepted_steps": 1, "steps": 2})
     assert F.classify(ar, step, 40)["class"] == "accepted draft step"
