@@ -171,6 +171,10 @@ def env_section(rec: dict, device) -> None:
     rec["torch"] = torch.__version__
     rec["torch_cuda"] = torch.version.cuda
     rec["cuda_available"] = torch.cuda.is_available()
+    from loosespec.hardware import describe_device
+
+    # what every timing of this summary ran on: the host CPU (model, flags of note, threads), and the GPU
+    rec["host"] = describe_device(device)
     if device.type == "cuda":
         from loosespec.hardware import cuda_bf16_native, resolve_precision
 

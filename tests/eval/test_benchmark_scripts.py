@@ -96,6 +96,9 @@ def test_gpu_smoke_runs_its_cpu_sections_and_writes_one_summary(tmp_path):
     summary = json.loads(out.read_text())
     s = summary["sections"]
     assert s["env"]["ok"] and s["env"]["dependencies"]["transformers"]["in_range"] is True, proc.stderr[-2000:]
+    from loosespec.hardware import cpu_info
+
+    assert s["env"]["host"]["cpu"] == cpu_info().model and s["env"]["host"]["device"] == "cpu"
     assert s["models"]["ok"] is False and "prepare" in s["models"]["error"]
     assert s["vllm_rule"]["ok"] and s["vllm_rule"]["greedy_equal_to_cpu"] and s["vllm_rule"]["requests"] == 64
     assert summary["failed_sections"] == ["models"] and proc.returncode == 1
