@@ -130,12 +130,16 @@ def _gold(dataset: str, row: dict):
     gold, spec = row.get("answer"), DATASETS.get(dataset)
     if gold is None or (spec is not None and not spec.short_answer):
         return "-"
-    return str(gold).replace("\n", "⏎").replace("|", "\\|")
+    return _one_line(str(gold))
+
+
+def _one_line(text: str) -> str:
+    """Text as one markdown table cell: newlines shown as ⏎, pipes escaped."""
+    return text.replace("\n", "⏎").replace("|", "\\|")
 
 
 def _snippet(text: str, at: int, before: int = 50, after: int = 40) -> str:
-    s = text[max(0, at - before):at] + "»" + text[at:at + after]
-    return s.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")
+    return _one_line(text[max(0, at - before):at] + "»" + text[at:at + after]).replace("`", "'")
 
 
 def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", prompt: str | None = None) -> dict:
