@@ -577,7 +577,7 @@ def serve(
     method = defaults["method"]
     if engine_name == "vllm":
         return _serve_vllm(target, draft_spec, method, defaults.get("drafter"), defaults.get("num_draft_tokens"),
-                           dtype, {n: defaults[n] for n in VLLM_KNOBS}, host, port, api_key,
+                           dtype, {n: defaults.get(n) for n in VLLM_KNOBS}, host, port, api_key,
                            served_model_name or target, vllm_bin)
     if engine_name != "transformers":
         raise LoosespecError(f"--engine must be transformers or vllm, got {engine_name!r}")

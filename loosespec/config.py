@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from loosespec.errors import LoosespecError
 from loosespec.methods import LOSSY_METHODS  # noqa: F401 (re-exported)
+from loosespec.methods import FLY_BOUNDARIES, FLY_WINDOW_MEANING, fly_theta_problem
 from loosespec.methods import METHODS as _REGISTRY
 
 METHODS = {name: m.summary for name, m in _REGISTRY.items()}  # name -> one line of help (loosespec.methods)
@@ -51,7 +52,21 @@ DRAFTERS = {
 # Draft length per round when --num-draft-tokens is not given: PLD's 10 for n-gram lookup,
 # FLy's K = 15 for MLA; 8 for a plain draft model (it stops earlier on low confidence anyway).
 DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 10, "model": 8, "mla": 15}
-FLY_NUM_DRAFT_TOKENS = 15  # FLy's K, whatever the drafter
+FLY_NUM_DRAFT_TOKENS = 15  # FLy's K in the paper and the official code, whatever the drafter
+# FLy's parameter sets (--fly-preset): what the knobs fly_entropy_threshold, fly_window_size, fly_boundary and, for
+# method fly, num_draft_tokens and adaptive_draft_length take when not given.
+# - paper: the paper and the official code: theta 0.3, the official W = 6 counting the mismatch (5 positions after
+#   it here, vLLM's meaning), the official boundary, K = 15 drafted every round (the cost-aware length off).
+# - calibrated: chosen for the embedded Qwen2.5-Coder 1.5B/0.5B pair by `make calibrate-fly` (loosespec calibrate
+#   --method fly: problems no benchmark reads; results/calibration/fly.md), the fastest setting that kept >= 99% of
+#   ar's accuracy there; tests/eval/test_calibrate_fly.py checks these equal its choice. Recalibrate for your pair.
+FLY_PRESETS = {
+    "calibrated": {"fly_entropy_threshold": 0.3, "fly_window_size": 5, "fly_boundary": "window", "fly_copy_guard": 0,
+                   "num_draft_tokens": 15, "adaptive_draft_length": True},
+    "paper": {"fly_entropy_threshold": 0.3, "fly_window_size": 5, "fly_boundary": "official", "fly_copy_guard": 0,
+              "num_draft_tokens": FLY_NUM_DRAFT_TOKENS, "adaptive_draft_length": False},
+}
+DEFAULT_FLY_PRESET = "calibrated"
 
 
 def default_drafter(method: str, has_draft_model: bool) -> str | None:
@@ -183,13 +198,8 @@ def validate_knob(name: str, value):
     return value
 
 
-def _theta_check(theta: float) -> str | None:
-    # the official FLy code gates only when theta > 0.01: a theta in (0, 0.01] turns its gate off, where here it
-    # would gate almost nothing but not nothing. Rather than guess which a user meant, refuse it.
-    if 0.0 < theta <= 0.01:
-        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
-                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
-    return None
+def _preset_help(name: str) -> str:
+    return "default: the preset's (" + ", ".join(f"{p} {v[name]}" for p, v in FLY_PRESETS.items()) + ")"
 
 
 @dataclass(frozen=True)
@@ -229,21 +239,33 @@ class DecodeConfig:
         True, "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
         "the running acceptance say it pays (never slower than ar by its estimate). --fixed-draft-length drafts K "
         "every round (paper-faithful).", flag="--adaptive-draft-length/--fixed-draft-length")
-    # FLy (method "fly"); names as in the vLLM FLy port
-    fly_window_size: int = knob(6, "deferred window W, counting the mismatch itself.", lossy="FLy", vllm=True, ge=1,
-                                le=1024)
-    fly_entropy_threshold: float = knob(0.3, "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no "
-                                        "mismatch is ever deferred; (0, 0.01] is refused (the official code "
-                                        "treats it as 0).", lossy="FLy", vllm=True, check=_theta_check, ge=0.0)
+    # FLy (method "fly"); names and meanings as in vLLM's native FLy. Unset (None), the preset fills them
+    fly_preset: str = knob(DEFAULT_FLY_PRESET, "the parameter set the other fly_* knobs (and, for method fly, K and "
+                           "the draft length policy) take when not given: calibrated (chosen for the embedded "
+                           "Qwen2.5-Coder pair by `loosespec calibrate --method fly`, results/calibration/fly.md) | "
+                           "paper (the published theta 0.3, the official code's window and boundary, K = 15 drafted "
+                           "every round).", lossy="FLy", choices=tuple(FLY_PRESETS))
+    fly_window_size: Optional[int] = knob(
+        None, "deferred window W: how many positions AFTER a mismatch must match for it to be kept (vLLM's "
+        "meaning; the official code's W = 6 counts the mismatch itself and is 5 here); must be below K; "
+        + _preset_help("fly_window_size") + ", at most K - 1.", lossy="FLy", vllm=True, auto=True, ge=0, le=1024)
+    fly_entropy_threshold: Optional[float] = knob(
+        None, "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no mismatch is ever deferred; (0, "
+        "0.01] is refused (the official code treats it as 0); " + _preset_help("fly_entropy_threshold") + ".",
+        lossy="FLy", vllm=True, auto=True, check=fly_theta_problem, ge=0.0)
+    fly_boundary: Optional[str] = knob(
+        None, "where a mismatch may be deferred: window (its window fits in the draft, j + W < k: vLLM's native "
+        "FLy) | official (one position stricter, j <= K - W - 2: the official code); "
+        + _preset_help("fly_boundary") + ".", lossy="FLy", vllm=True, auto=True, choices=FLY_BOUNDARIES)
     fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (of the full softmax, not "
                                   "renormalised, as the official code).", lossy="FLy", vllm=True, ge=1, le=1024)
     fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
                              "rejection (loose rule on rejection sampling).", lossy="FLy", vllm=True,
                              choices=FLY_SAMPLING)
-    fly_copy_guard: int = knob(0, "copy guard, a LOSSY variant not in the paper (0 = off, FLy as published): do not "
-                               "defer a mismatch when the draft's tokens from it on, this many, copy an n-gram of "
-                               "the prompt (answers that became copies of the question, issue 20).", lossy="FLy",
-                               ge=0, le=64)
+    fly_copy_guard: Optional[int] = knob(
+        None, "copy guard, a LOSSY variant not in the paper (0 = off, FLy as published): do not defer a mismatch when "
+        "the draft's tokens from it on, this many, copy an n-gram of the prompt (answers that became copies of the "
+        "question, issue 20); " + _preset_help("fly_copy_guard") + ".", lossy="FLy", auto=True, ge=0, le=64)
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
     sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
     sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "
@@ -277,7 +299,21 @@ class DecodeConfig:
     def lossy(self) -> bool:
         return self.method in LOSSY_METHODS
 
+    def _fill_from_preset(self) -> None:
+        """The FLy knobs left unset take the preset's values (``fly_window_size`` at most K - 1, as vLLM's
+        default); with method fly, the paper preset drafts its K every round."""
+        preset = FLY_PRESETS[validate_knob("fly_preset", self.fly_preset)]
+        for name in ("fly_entropy_threshold", "fly_boundary", "fly_copy_guard"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, preset[name])
+        if self.fly_window_size is None:
+            k = validate_knob("num_draft_tokens", self.num_draft_tokens)
+            object.__setattr__(self, "fly_window_size", max(0, min(preset["fly_window_size"], k - 1)))
+        if self.method == "fly" and not preset["adaptive_draft_length"]:
+            object.__setattr__(self, "adaptive_draft_length", False)
+
     def __post_init__(self):
+        self._fill_from_preset()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "drafter" and value is None:
@@ -301,6 +337,10 @@ class DecodeConfig:
         if self.method == "exact" and self.temperature != 0.0:
             raise ConfigError("temperature", "method 'exact' is greedy ({temperature} 0); use {method} rejection "
                               "to sample")
+        if self.method == "fly" and self.fly_window_size >= self.num_draft_tokens:
+            raise ConfigError("fly_window_size", "FLy defers a mismatch only when the {fly_window_size} positions "
+                              "after it fit in the draft: need {fly_window_size} < {num_draft_tokens} (as vLLM), got "
+                              "{w} and {k}", w=self.fly_window_size, k=self.num_draft_tokens)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError("prompt_lookup_min", "need {prompt_lookup_min} <= {prompt_lookup_max}, got {a} and {b}",
                               a=self.prompt_lookup_min, b=self.prompt_lookup_max)
@@ -312,7 +352,9 @@ class DecodeConfig:
         if drafter is None:
             drafter = default_drafter(method, has_draft_model)
         if num_draft_tokens is None:
-            num_draft_tokens = FLY_NUM_DRAFT_TOKENS if method == "fly" else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
+            preset = FLY_PRESETS.get(kw.get("fly_preset") or DEFAULT_FLY_PRESET)
+            fly_k = preset["num_draft_tokens"] if preset else FLY_NUM_DRAFT_TOKENS  # a bad name: __post_init__ says
+            num_draft_tokens = fly_k if method == "fly" else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"] or ())
         return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw)
@@ -321,6 +363,7 @@ class DecodeConfig:
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
         d["lossy"] = self.lossy
+        d["fly_window_meaning"] = FLY_WINDOW_MEANING  # what fly_window_size counts (older results: W + 1)
         return d
 
 

@@ -13,8 +13,31 @@ from dataclasses import dataclass
 
 # FLy's per-round counters (loosespec.verify.fly.fly_events), per draft position seen by the rule
 FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+# the official FLy code's counters, over all K draft positions (not only up to the first reject): mismatches before
+# the gate, and the mismatches gate, window and boundary would keep; the paper's FLy accept rate is their ratio
+FLY_OFFICIAL_COUNTERS = ("fly_initial_mismatches", "fly_window_rescues")
+# rounds whose draft was long enough for the rule to defer anywhere in it (what the draft length let FLy do)
+FLY_ROUND_COUNTERS = ("fly_deferrable_rounds",)
 # counted only with FLy's copy guard on (DecodeConfig.fly_copy_guard, a labeled variant): mismatches it refused
 FLY_GUARD_COUNTERS = ("fly_copy_rejects",)
+ALL_FLY_COUNTERS = FLY_COUNTERS + FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS + FLY_GUARD_COUNTERS
+# FLy's deferral boundary (DecodeConfig.fly_boundary): "window", a mismatch may be deferred where its window of
+# fly_window_size later positions fits inside the draft (vLLM's native FLy); "official", one position stricter, as
+# the official FLy code bounds it (j <= K - W - 2 with W counting the positions after the mismatch)
+FLY_BOUNDARIES = ("window", "official")
+# what fly_window_size counts, recorded in every result's config: "subsequent" positions after the mismatch (vLLM's
+# meaning, since 2026-12-04); results written before lack the key and counted the mismatch itself (W + 1)
+FLY_WINDOW_MEANING = "subsequent"
+
+
+def fly_theta_problem(theta: float | None) -> str | None:
+    """Why an entropy threshold is refused, or None. One rule for every entry point (the configuration, the rule
+    functions of loosespec.verify.fly, the vLLM plugin): the official FLy code turns its gate off for any theta in
+    (0, 0.01], where the rule as written would gate at that entropy; rather than guess which was meant, refuse."""
+    if theta is not None and 0.0 < theta <= 0.01:
+        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
+                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
+    return None
 
 
 @dataclass(frozen=True)
@@ -44,7 +67,7 @@ class Method:
                                      "prompt_ids")
                 guard = PromptCopyGuard(prompt_ids, cfg.fly_copy_guard)
             return FlyRule(cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k,
-                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator, guard)
+                           cfg.num_draft_tokens, cfg.fly_sampling, sampling, generator, guard, cfg.fly_boundary)
         return GreedyRule() if sampling.greedy else RejectionRule(sampling, generator)
 
 
@@ -56,10 +79,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            lossy=False),
     Method("fly", "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
            "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
-           lossy=True, counters=FLY_COUNTERS + FLY_GUARD_COUNTERS, full_drafts=True),
+           lossy=True, counters=ALL_FLY_COUNTERS, full_drafts=True),
     Method("specguard", "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
            "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
-           "from the target's", lossy=True, counters=FLY_COUNTERS + FLY_GUARD_COUNTERS, step_level=True),
+           "from the target's", lossy=True, counters=ALL_FLY_COUNTERS, step_level=True),
 )}
 LOSSY_METHODS = frozenset(m.name for m in METHODS.values() if m.lossy)
 # every counter a method may report, in a stable order (the server exports each as loosespec:<name>)

@@ -10,30 +10,40 @@ exact-match mask ``E_j = (d_j == t_j)``. A mismatch at ``j`` is *deferred* (the 
 
 1. **gate**: ``H_j >= theta``, with ``H_j`` the entropy of the target's top-k probabilities
    (k = ``fly_entropy_top_k`` = 3; probabilities from the full softmax, not renormalised; natural
-   log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always (the official code also turns
-   the gate off for any theta in (0, 0.01]; the configuration refuses those values rather than
-   guess which meaning was wanted: ``loosespec.config``). A mismatch with
-   ``H_j < theta`` is a *hard reject* (the target is confident).
-2. **window**: positions ``j+1 .. j+W-1`` are all exact matches. ``W = fly_window_size`` counts
-   the mismatch itself: this is the official code's meaning; the paper's prose says "the next W
-   tokens", which would be one more.
-3. **boundary**: the window fits: ``j <= K - W - 1`` (the official code's bound, one stricter
-   than the window strictly needs; kept so results match the reference implementation).
+   log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always. A theta in (0, 0.01] is refused
+   here as everywhere (:func:`loosespec.methods.fly_theta_problem`: the official code turns its gate off
+   there). A mismatch with ``H_j < theta`` is a *hard reject* (the target is confident).
+2. **window**: the ``W`` positions after it, ``j+1 .. j+W``, are all exact matches. ``W =
+   fly_window_size`` counts the positions *after* the mismatch: vLLM's meaning ("the number of
+   subsequent native acceptance decisions checked") and the paper's prose ("the next W tokens").
+   The official code's ``W = 6`` counts the mismatch itself: it is ``W = 5`` here. (Results written
+   before 2026-12-04 used the official code's count; every result's config records the meaning,
+   ``fly_window_meaning``.)
+3. **boundary** (``fly_boundary``): ``window`` (vLLM's native FLy) defers only where the window fits
+   inside the draft, ``j + W < k``; ``official`` (the official code) is one position stricter,
+   ``j <= K - W - 2`` for the nominal K (and the window inside the draft when a round drafts fewer).
 
 Mismatches inside another mismatch's window are ordinary (the window is judged on ``E``, never on
 other deferrals). Final mask ``A = E or deferred``; the verdict keeps ``d[0:n]`` for the first
 ``n`` with ``A_n`` False and emits ``t_n`` (correction) or, if all are kept, ``t_K`` (bonus).
 
-Worked example (K = 15, W = 6, theta = 0.3)::
+Worked example (K = 15, W = 5, theta = 0.3)::
 
     E = T T F T T T T T T F T T T T T      H_2 = 0.5, H_9 = 0.8
-    j = 2: gate open, window 3..7 all match, 2 <= 8  -> deferred, draft token kept
-    j = 9: gate open, window 10..14 all match, but 9 > 15 - 6 - 1 = 8  -> boundary reject
-    verdict: d[0..8] kept (9 tokens) + t_9  -> 10 tokens
+    j = 2: gate open, window 3..7 all match             -> deferred under either boundary
+    j = 9: gate open, window 10..14 all match
+           boundary window:   9 + 5 < 15                 -> deferred: all 15 kept + the bonus (16 tokens)
+           boundary official: 9 > 15 - 5 - 2 = 8         -> rejected: d[0..8] kept + t_9 (10 tokens)
 
 Each condition is a separate function returning a ``[K]`` bool mask and :func:`loose_mask`
 composes any of them, so ablations are compositions: ``window only`` = ``loose_mask(E, window,
 boundary)``, ``gate only`` = ``loose_mask(E, gate)``.
+
+Counters per round (:func:`fly_events`): loosespec's prefix counters (the mismatches the rule ruled
+on, up to the first final reject, each attributed to the first condition it fails), the official
+code's counters over all K positions (``fly_initial_mismatches`` before the gate, ``fly_window_rescues``
+that gate, window and boundary would keep: the paper's FLy accept rate is their ratio), and
+``fly_deferrable_rounds`` (the draft was long enough to defer anywhere).
 
 **Copy guard** (a labeled variant, not in the paper or the official code; off by default): with
 ``fly_copy_guard = n > 0`` a mismatch is not deferred when the draft tokens ``d[j .. j+n-1]`` (the
@@ -55,15 +65,15 @@ from dataclasses import replace
 
 import torch
 
-from loosespec.config import knob_default
-from loosespec.methods import FLY_COUNTERS, FLY_GUARD_COUNTERS
+from loosespec.methods import (FLY_BOUNDARIES, FLY_COUNTERS, FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS,
+                               FLY_ROUND_COUNTERS, fly_theta_problem)
 from loosespec.verify.exact import first_false, match_mask, prefix_verdict
 from loosespec.verify.rejection import native_accept, next_token
 from loosespec.verify.sampling import sample
+from loosespec.verify.types import FirstMiss, Verdict
 
-# the knobs' declared defaults (loosespec.config), for callers of these functions that pass none
-THETA, WINDOW, TOP_K = (knob_default(n) for n in ("fly_entropy_threshold", "fly_window_size", "fly_entropy_top_k"))
-from loosespec.verify.types import Verdict
+# the rule functions' defaults for callers that pass none: vLLM's native FLy (whose W default is min(6, K - 1))
+THETA, WINDOW, TOP_K, BOUNDARY = 0.3, 6, 3, "window"
 
 
 def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
@@ -81,12 +91,17 @@ def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
 
 
 def gate_open(entropy: torch.Tensor, theta: float) -> torch.Tensor:
-    """[K] True where the target is uncertain enough for a mismatch to be deferred (``H_j >= theta``)."""
+    """[K] True where the target is uncertain enough for a mismatch to be deferred (``H_j >= theta``).
+    A theta in (0, 0.01] is refused (ValueError), as by the configuration."""
+    problem = fly_theta_problem(theta)
+    if problem:
+        raise ValueError(f"fly_entropy_threshold {problem}")
     return entropy >= theta
 
 
 def window_clear(match: torch.Tensor, window_size: int) -> torch.Tensor:
-    """[K] True where positions ``j+1 .. j+W-1`` that lie inside the draft are all exact matches.
+    """[K] True where the ``W`` positions after ``j``, ``j+1 .. j+W``, that lie inside the draft are all exact
+    matches (``W = 0``: nothing after the mismatch is checked).
 
     Whether the window fits inside the draft at all is :func:`within_boundary`'s business.
     """
@@ -94,22 +109,27 @@ def window_clear(match: torch.Tensor, window_size: int) -> torch.Tensor:
     miss = torch.cat([torch.zeros(1, dtype=torch.long, device=match.device), (~match).long().cumsum(0)])  # [K+1]
     j = torch.arange(k, device=match.device)
     lo = (j + 1).clamp(max=k)
-    hi = (j + window_size).clamp(max=k)  # exclusive end of the window, cut at the draft's end
+    hi = (j + window_size + 1).clamp(max=k)  # exclusive end of the window, cut at the draft's end
     return (miss[hi] - miss[lo]) == 0
 
 
 def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu",
-                    num_draft_tokens: int | None = None) -> torch.Tensor:
+                    num_draft_tokens: int | None = None, boundary: str = BOUNDARY) -> torch.Tensor:
     """[k] True where a mismatch may be deferred in a draft of length k.
 
-    With the nominal draft length K (``num_draft_tokens``, FLy's K = 15) equal to the draft's, this
-    is the official code's ``j <= K - W - 1``. A draft cut shorter than K (the cost-aware draft
-    length, an end token, the token budget) keeps the nominal bound and adds that the window
-    ``j+1 .. j+W-1`` must lie inside the draft: ``j <= min(K - W - 1, k - W)``. So a shorter draft
-    never defers where a full one would not, and FLy with K <= W never defers at all.
+    ``window`` (vLLM's native FLy): the window ``j+1 .. j+W`` fits inside the draft, ``j + W < k``.
+    ``official`` (the official FLy code): ``j <= K - W - 2`` for the nominal draft length K
+    (``num_draft_tokens``, FLy's K = 15; default: the draft's own length), one position stricter than the
+    window needs; a draft cut shorter than K (the cost-aware draft length, an end token, the token budget)
+    also needs the window inside it: ``j <= min(K - W - 2, k - W - 1)``. Either way a draft of k <= W tokens
+    never defers.
     """
-    nominal = k if num_draft_tokens is None else max(num_draft_tokens, k)
-    bound = nominal - window_size - 1 if nominal == k else min(nominal - window_size - 1, k - window_size)
+    if boundary not in FLY_BOUNDARIES:
+        raise ValueError(f"fly_boundary must be one of {', '.join(FLY_BOUNDARIES)}, got {boundary!r}")
+    bound = k - window_size - 1
+    if boundary == "official":
+        nominal = k if num_draft_tokens is None else max(num_draft_tokens, k)
+        bound = min(nominal - window_size - 2, bound)
     return torch.arange(k, device=device) <= bound
 
 
@@ -143,68 +163,83 @@ def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
 
 
 def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-             num_draft_tokens: int | None = None, copy: torch.Tensor | None = None) -> torch.Tensor:
+             num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
+             boundary: str = BOUNDARY) -> torch.Tensor:
     """FLy's final acceptance mask: gate, window and boundary composed (see module docstring); with the copy
     guard's ``copy`` mask (:class:`PromptCopyGuard`), a mismatch that copies the prompt is not deferred."""
+    return _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boundary)[0]
+
+
+def _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boundary):
+    """(final mask, gate, window, boundary): the conditions composed once, for the mask and the counters."""
     k = match.shape[0]
-    conditions = [gate_open(entropy, theta), window_clear(match, window_size),
-                  within_boundary(k, window_size, match.device, num_draft_tokens)]
-    if copy is not None:
-        conditions.append(~copy)
-    return loose_mask(match, *conditions)
+    gate = gate_open(entropy[:k], theta)
+    window = window_clear(match, window_size)
+    bound = within_boundary(k, window_size, match.device, num_draft_tokens, boundary)
+    conditions = [gate, window, bound] + ([~copy] if copy is not None else [])
+    return loose_mask(match, *conditions), gate, window, bound
 
 
 def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
                accept: torch.Tensor, num_draft_tokens: int | None = None,
-               copy: torch.Tensor | None = None) -> dict[str, int]:
-    """Counters for the mismatches the rule actually ruled on (positions up to the first reject).
+               copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> dict[str, int]:
+    """The round's counters (see the module docstring for what each counts).
 
-    ``fly_prefix_mismatches`` = deferred + hard (gate) + window + boundary rejects, where a rejected
-    mismatch is attributed to the first condition it fails in that order. These are loosespec's own
-    definitions: the official FLy code counts mismatches over all K draft positions before the gate,
-    including those after the first reject, so its rates are not these (hence the ``prefix`` in the
-    name, which was ``fly_mismatches`` in results written before 2026-12-01). With the copy guard on
-    (``copy`` given) a sixth counter, ``fly_copy_rejects``, counts the mismatches that passed gate, window
-    and boundary and that only the guard refused; the sum above then includes them.
+    ``fly_prefix_mismatches`` = deferred + hard (gate) + window + boundary rejects, over the mismatches up to
+    the first final reject, a rejected mismatch attributed to the first condition it fails in that order (the
+    name was ``fly_mismatches`` in results written before 2026-12-01). With the copy guard on (``copy`` given)
+    ``fly_copy_rejects`` counts the mismatches that passed gate, window and boundary and that only the guard
+    refused; the sum above then includes them. ``fly_initial_mismatches`` and ``fly_window_rescues`` are the
+    official code's, over all K positions; ``fly_deferrable_rounds`` is 1 when the draft admitted a deferral.
     """
+    _, gate, window, bound = _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boundary)
+    return _read_round(match, gate, window, bound, accept, copy)[0]
+
+
+def _read_round(match, gate, window, bound, accept, copy) -> tuple[dict[str, int], FirstMiss | None]:
+    """The counters and the first native rejection's :class:`FirstMiss`, read together: one device-to-host
+    transfer per round instead of one per value."""
     k = match.shape[0]
-    # positions up to and including the first reject, found on the device: the counts below are read
-    # together, one device-to-host transfer per round instead of one per counter
-    n = accept.to(torch.int64).cumprod(0).sum()
+    n = accept.to(torch.int64).cumprod(0).sum()  # positions up to and including the first reject
     upto = torch.arange(k, device=match.device) <= n
     miss = ~match & upto
-    gate = gate_open(entropy[:k], theta)
-    window = window_clear(match, window_size)
-    bound = within_boundary(k, window_size, match.device, num_draft_tokens)
-    deferred = miss & accept
-    hard = miss & ~gate
-    window_rej = miss & gate & ~window
-    bound_rej = miss & gate & window & ~bound
-    names, masks = list(FLY_COUNTERS), [miss, deferred, hard, window_rej, bound_rej]  # FLY_COUNTERS' order
+    rescue = ~match & gate & window & bound & (~copy if copy is not None else True)
+    names = list(FLY_COUNTERS) + list(FLY_OFFICIAL_COUNTERS)
+    masks = [miss, miss & accept, miss & ~gate, miss & gate & ~window, miss & gate & window & ~bound,
+             ~match, rescue]  # in the names' order
     if copy is not None:
         names.append(FLY_GUARD_COUNTERS[0])
         masks.append(miss & gate & window & bound & copy)
-    counts = torch.stack([m.sum() for m in masks]).tolist()
-    return dict(zip(names, counts))
+    first = match.to(torch.int64).cumprod(0).sum()  # natively accepted before the first native reject
+    at = first.clamp(max=max(k - 1, 0))
+    values = torch.stack([m.sum() for m in masks] + [bound.any().long(), first]
+                         + ([gate[at].long(), bound[at].long(), accept[at].long()] if k else [])).tolist()
+    events = dict(zip(names, values))
+    events[FLY_ROUND_COUNTERS[0]] = values[len(names)]
+    pos = values[len(names) + 1]
+    if pos >= k:
+        return events, None
+    g, b, a = values[len(names) + 2:]
+    return events, FirstMiss(pos, bool(g), bool(b), bool(a))
 
 
 def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA,
                       window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                      copy: torch.Tensor | None = None) -> Verdict:
+                      copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
     """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
-    the nominal K the boundary follows (default: the draft's length); ``copy``: the copy guard's [k] mask
-    (:class:`PromptCopyGuard`), None for the paper's rule."""
+    the nominal K the official boundary follows (default: the draft's length); ``copy``: the copy guard's [k]
+    mask (:class:`PromptCopyGuard`), None for the paper's rule."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
     draft_tokens = draft_tokens.to(target_tokens.device)
     match = match_mask(draft_tokens, target_tokens)
     return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                        num_draft_tokens, copy)
+                        num_draft_tokens, copy, boundary)
 
 
 def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
                           generator: torch.Generator | None, theta: float = THETA, window_size: int = WINDOW,
                           top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                          copy: torch.Tensor | None = None) -> Verdict:
+                          copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
     """FLy as in the official code for T > 0 (LOSSY even before loosening).
 
     A draft token matches when it equals either of two samples from the target's distribution;
@@ -217,13 +252,13 @@ def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tenso
     first, second = sample(target_probs, generator), sample(target_probs, generator)  # [K + 1] each
     match = (draft_tokens == first[:k]) | (draft_tokens == second[:k])
     return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens,
-                        copy)
+                        copy, boundary)
 
 
 def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
                          target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = THETA,
                          window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                         copy: torch.Tensor | None = None) -> Verdict:
+                         copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
     """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
 
     ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
@@ -234,25 +269,35 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy)
+    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy,
+                                     boundary)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
-    return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events)
+    return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events, miss)
+
+
+def fly_judge(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
+              top_k: int = TOP_K, num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
+              boundary: str = BOUNDARY) -> tuple[torch.Tensor, dict[str, int], FirstMiss | None]:
+    """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
+    rejection-sampling acceptance), the round's counters, and its first native rejection (:class:`FirstMiss`,
+    None when there was none). ``target_logits``: [>= K, V] raw logits, for the entropy gate; ``copy``: the copy
+    guard's mask (None: off). Every engine's FLy (this one's rules, the vLLM plugin) goes through here."""
+    entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
+    accept, gate, window, bound = _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boundary)
+    events, miss = _read_round(match, gate, window, bound, accept, copy)
+    return accept, events, miss
 
 
 def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
-               top_k: int = TOP_K, num_draft_tokens: int | None = None,
-               copy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, int]]:
-    """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
-    rejection-sampling acceptance), and the round's counters. ``target_logits``: [>= K, V] raw logits,
-    for the entropy gate; ``copy``: the copy guard's mask (None: off). Every engine's FLy (this one's rules,
-    the vLLM plugin) goes through here."""
-    entropy = topk_entropy(target_logits[: match.shape[0]], top_k)
-    accept = fly_mask(match, entropy, theta, window_size, num_draft_tokens, copy)
-    return accept, fly_events(match, entropy, theta, window_size, accept, num_draft_tokens, copy)
+               top_k: int = TOP_K, num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
+               boundary: str = BOUNDARY) -> tuple[torch.Tensor, dict[str, int]]:
+    """:func:`fly_judge` without the first rejection: (acceptance mask, counters)."""
+    return fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary)[:2]
 
 
 def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                 num_draft_tokens=None, copy=None) -> Verdict:
-    accept, events = fly_accept(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy)
-    return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events)
+                 num_draft_tokens=None, copy=None, boundary=BOUNDARY) -> Verdict:
+    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy,
+                                     boundary)
+    return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events, first_miss=miss)

@@ -57,13 +57,13 @@ class FlyRule:
 
     def __init__(self, theta: float, window_size: int, top_k: int, num_draft_tokens: int, fly_sampling: str,
                  sampling: SamplingParams, generator: torch.Generator | None,
-                 copy_guard: PromptCopyGuard | None = None):
+                 copy_guard: PromptCopyGuard | None = None, boundary: str = "window"):
         self.sampling = sampling
         self.generator = generator
         self.variant = "greedy" if sampling.greedy else fly_sampling
-        # the boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
+        # the official boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
         self.knobs = {"theta": theta, "window_size": window_size, "top_k": top_k,
-                      "num_draft_tokens": num_draft_tokens}
+                      "num_draft_tokens": num_draft_tokens, "boundary": boundary}
         self.copy_guard = copy_guard
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:

@@ -36,8 +36,12 @@ def test_server_commands_per_method():
     default = VllmSettings(target="/m/target", draft="/m/draft")
     assert speculative_config("vllm-draft", default)["num_speculative_tokens"] == 5
     assert speculative_config("vllm-fly", default)["num_speculative_tokens"] == 15  # FLy's K
-    with pytest.raises(LoosespecError, match="never defers"):  # window 6 cannot fit in 5 drafts: FLy == exact
-        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))
+    with pytest.raises(LoosespecError, match="never defers"):  # 5 positions after a mismatch never fit 5 drafts
+        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5,
+                                                           fly={"fly_window_size": 5}))
+    # unset, the window is vLLM's default, min(6, k - 1): FLy can defer in 5 drafts
+    assert speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))[
+        "num_speculative_tokens"] == 5
     argv, env = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/vllm"), 8000)
     assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
     argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
@@ -45,7 +49,11 @@ def test_server_commands_per_method():
     assert "--max-num-batched-tokens" not in argv  # vLLM's default unless asked
     argv, _ = server_command("vllm-ar", dataclasses.replace(s, max_num_batched_tokens=256), 8000)
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
-    assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "6" and float(env["LOOSESPEC_FLY_ENTROPY_THRESHOLD"]) == 0.3
+    # unset FLy knobs are not passed: the plugin takes vLLM's native defaults (W = min(6, K - 1), theta 0.3)
+    assert "LOOSESPEC_FLY_WINDOW_SIZE" not in env and "LOOSESPEC_FLY_ENTROPY_THRESHOLD" not in env
+    _, env = server_command("vllm-fly", dataclasses.replace(s, fly={"fly_window_size": 5, "fly_boundary": "official"}),
+                            8000)
+    assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "5" and env["LOOSESPEC_FLY_BOUNDARY"] == "official"
     _, env = server_command("vllm-draft", s, 8000)
     assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly
     with pytest.raises(LoosespecError, match="needs a draft model"):
@@ -155,7 +163,7 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
         p = run_cli(*cmd[3:-6], "--method", "specguard")
         assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
         p = run_cli(*cmd[3:], "--num-draft-tokens", "4")
-        assert p.returncode != 0 and "never defers" in p.stderr and "Traceback" not in p.stderr
+        assert p.returncode != 0 and "need --fly-window-size < --num-draft-tokens" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, monkeypatch):

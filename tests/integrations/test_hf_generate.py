@@ -192,7 +192,8 @@ def test_sampling_honours_the_seed_and_torch_manual_seed_tiny(tiny):
     (dict(output_scores=True, return_dict_in_generate=True), "output_scores=True"),
     (dict(stop_strings=["\n"]), "stop.strings"),  # transformers refuses it first without a tokenizer
     (dict(prompt_lookup_num_tokens=10), "prompt_lookup_num_tokens=10"),
-    (dict(method="fly", fly_window_size=0), "fly_window_size must be >= 1, got 0"),
+    (dict(method="fly", fly_window_size=-1), "fly_window_size must be >= 0, got -1"),
+    (dict(method="fly", fly_window_size=15), "need fly_window_size < num_draft_tokens"),
     (dict(method="fly", fly_entropy_threshold=0.005), "fly_entropy_threshold"),
     (dict(method="nope"), "method must be one of"),
     (dict(drafter="mla"), "drafter='mla' drafts with a draft model: pass assistant_model="),

@@ -12,7 +12,7 @@ import torch
 
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection
-from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2
+from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2, resolve
 
 V = 12
 
@@ -74,9 +74,11 @@ def test_greedy_batch_matches_the_engine_rule_per_request():
     s = FlySettings()
     out, events = verify(reqs, s)
     assert out.shape == (4, 10) and out.dtype == torch.int32
+    theta, w, top_k, boundary = resolve(s, 9)  # unset: vLLM's defaults, W = min(6, K - 1)
+    assert (theta, w, top_k, boundary) == (0.3, 6, 3, "window")
     for i, (d, z) in enumerate(reqs):
-        want = fly_verify_greedy(torch.tensor(d, dtype=torch.long), z, s.fly_entropy_threshold, s.fly_window_size,
-                                 s.fly_entropy_top_k).tokens.tolist()
+        want = fly_verify_greedy(torch.tensor(d, dtype=torch.long), z, theta, w, top_k,
+                                 boundary=boundary).tokens.tolist()
         assert row(out, i) == want, i
     assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the deferred mismatch kept, then the bonus
     assert row(out, 1) == [10] and row(out, 2) == [1, 3] and row(out, 3) == [4, 4, 11]
@@ -594,8 +596,9 @@ def test_v2_greedy_batches_rule_vectorized_as_per_request():
         k = int(torch.randint(1, 16, (1,), generator=g))
         requests = int(torch.randint(1, 12, (1,), generator=g))
         raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
-        settings = FlySettings(fly_window_size=int(torch.randint(1, 7, (1,), generator=g)),
-                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4])
+        settings = FlySettings(fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
+                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
+                               fly_boundary=["window", "official"][trial % 3 == 0])
         temps = torch.zeros(requests + 3)
         args = (raw, raw, None, sampled, cu, pos, idx, temps, torch.zeros(requests + 3, dtype=torch.long), k, settings)
         fast = fly_rejection_sample_v2(*args)
@@ -632,9 +635,10 @@ def test_v2_padded_sampled_path_rules_greedy_requests_as_per_request():
         k = int(torch.randint(1, 16, (1,), generator=g))
         requests = int(torch.randint(2, 12, (1,), generator=g))
         raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
-        settings = FlySettings(fly_window_size=int(torch.randint(1, 7, (1,), generator=g)),
+        settings = FlySettings(fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
                                fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
-                               fly_sampling=["two-sample", "rejection"][trial % 2])
+                               fly_sampling=["two-sample", "rejection"][trial % 2],
+                               fly_boundary=["window", "official"][trial % 3 == 0])
         temps = torch.where(torch.rand(requests + 3, generator=g) < 0.5, 0.0, 0.7)
         temps[idx[0]] = 0.7  # at least one sampled request: the padded path's own part runs
         args = (raw / 0.7, raw, None, sampled, cu, pos, idx, temps, torch.arange(requests + 3), k, settings)
@@ -716,3 +720,13 @@ def test_plugin_reads_the_v2_sampled_path(fake_vllm, monkeypatch):
     monkeypatch.setenv("LOOSESPEC_V2_SAMPLED_PATH", "fused")
     with pytest.raises(ValueError, match="LOOSESPEC_V2_SAMPLED_PATH must be"):
         plugin.register()
+
+
+def test_plugin_settings_mean_what_vllms_native_fly_means():
+    """Unset, the plugin's FLy is vLLM's native default (theta 0.3, W = min(6, K - 1) positions after the
+    mismatch, the window boundary); a window that cannot fit the draft is refused, as vLLM refuses it."""
+    assert resolve(FlySettings(), 15) == (0.3, 6, 3, "window")
+    assert resolve(FlySettings(), 4) == (0.3, 3, 3, "window")
+    assert resolve(FlySettings(fly_window_size=5, fly_boundary="official"), 15) == (0.3, 5, 3, "official")
+    with pytest.raises(ValueError, match="smaller than num_speculative_tokens"):
+        resolve(FlySettings(fly_window_size=4), 4)

@@ -76,17 +76,18 @@ DEFAULT_SPECULATIVE_TOKENS = 5  # vLLM's draft_model / ngram: what the issue mea
 
 
 def speculative_tokens(method: str, s: VllmSettings) -> int:
-    """k for ``method``: the one asked for, else 5, else FLy's K for FLy. FLy's boundary rule defers a
-    mismatch at draft position j only if its window fits, j <= k - W - 1, so with k <= W FLy can never
-    loosen anything and is refused rather than silently run as exact verification."""
+    """k for ``method``: the one asked for, else 5, else FLy's K for FLy. FLy defers a mismatch at draft
+    position j only if the W positions after it fit in the draft, j + W < k (vLLM's rule), so with k <= W FLy
+    can never loosen anything and is refused rather than silently run as exact verification (unset, W is
+    vLLM's default min(6, k - 1))."""
     from loosespec.config import FLY_NUM_DRAFT_TOKENS
 
     fly = method.startswith("vllm-fly")
     k = s.num_speculative_tokens or (FLY_NUM_DRAFT_TOKENS if fly else DEFAULT_SPECULATIVE_TOKENS)
-    w = s.fly.get("fly_window_size", knob_default("fly_window_size"))
-    if fly and k < w + 1:
-        raise LoosespecError(f"FLy with num_speculative_tokens={k} never defers a mismatch: its window "
-                             f"(fly_window_size={w}) must fit in the draft, k >= {w + 1}")
+    w = s.fly.get("fly_window_size")
+    if fly and w is not None and k <= w:
+        raise LoosespecError(f"FLy with num_speculative_tokens={k} never defers a mismatch: the "
+                             f"fly_window_size={w} positions after it must fit in the draft, k > {w}")
     return k
 
 

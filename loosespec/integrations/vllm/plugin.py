@@ -107,8 +107,9 @@ def register() -> None:
     rejection_sample._loosespec = True
     rs.apply_sampling_constraints = apply_sampling_constraints
     rs.rejection_sample = rejection_sample
-    log.warning("loosespec: FLy (LOSSY) verifies vLLM's drafts: window %d, entropy threshold %g, top-%d",
-                settings.fly_window_size, settings.fly_entropy_threshold, settings.fly_entropy_top_k)
+    log.warning("loosespec: FLy (LOSSY) verifies vLLM's drafts: window %s positions after a mismatch, entropy "
+                "threshold %s, top-%d, boundary %s (unset: vLLM's native defaults)", settings.fly_window_size,
+                settings.fly_entropy_threshold, settings.fly_entropy_top_k, settings.fly_boundary)
 
 
 # what the wrapper reads from vLLM's V2 ``RejectionSampler._verify``, by parameter name (its positional order and

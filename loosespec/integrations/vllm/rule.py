@@ -20,6 +20,11 @@ Per request, greedy (``is_greedy[i]``, temperature 0) or sampled:
   *raw* logits' top-k probabilities, deferred window, boundary; keep the prefix up to the first
   final reject.
 
+The settings mean what vLLM's native FLy means by them (``fly_window_size``: the positions *after* a
+mismatch that must be natively accepted, below K), and unset ones take vLLM's native defaults
+(:func:`resolve`: theta 0.3, ``W = min(6, K - 1)``, the window boundary), so a ``speculative_config`` that
+runs on a vLLM with native FLy asks the plugin for the same rule.
+
 Each request is ruled on independently, as in the transformers engine, in a Python loop over the
 batch (a handful of small tensor ops per request; a fused kernel would remove the per-request
 host round trips on a GPU). On the V2 runner's layout an all-greedy batch skips the loop: it is ruled
@@ -37,7 +42,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from loosespec.config import VLLM_KNOBS, knob_default, knob_type, validate_knob
-from loosespec.methods import FLY_COUNTERS
+from loosespec.methods import FLY_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS
 from loosespec.verify.exact import first_false
 from loosespec.verify.fly import fly_accept
 from loosespec.verify.rejection import native_accept, next_token
@@ -45,7 +50,9 @@ from loosespec.verify.sampling import sample
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID
 ENV_PREFIX = "LOOSESPEC_"
-COUNTERS = FLY_COUNTERS
+COUNTERS = FLY_COUNTERS + FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS
+# vLLM's native FLy defaults, for the settings left unset (its fly_window_size default is min(6, K - 1))
+VLLM_NATIVE = {"fly_entropy_threshold": 0.3, "fly_window_size": 6, "fly_boundary": "window"}
 
 
 def _validate(self) -> None:
@@ -55,6 +62,9 @@ def _validate(self) -> None:
 
 def _parse_env(name: str, raw: str):
     kind = knob_type(name)
+    args = [a for a in getattr(kind, "__args__", ()) if a is not type(None)]
+    if args and type(None) in getattr(kind, "__args__", ()):  # Optional[X]: an unset knob (vLLM's default)
+        kind = args[0]
     if kind is bool:
         if raw.strip().lower() not in ("1", "0", "true", "false"):
             raise ValueError(f"{ENV_PREFIX}{name.upper()} must be true or false, got {raw!r}")
@@ -85,7 +95,7 @@ def fly_env(values: Mapping[str, object]) -> dict[str, str]:
     """The environment that asks the plugin for FLy with these settings (what :meth:`FlySettings.from_env` reads)."""
     env = {ENV_PREFIX + "REJECTION_SAMPLE_METHOD": "fly"}
     for name in VLLM_KNOBS:
-        if name in values:
+        if values.get(name) is not None:  # unset: the plugin takes vLLM's native default
             v = values[name]
             env[ENV_PREFIX + name.upper()] = repr(v) if isinstance(v, float) else str(v)
     return env
@@ -98,6 +108,22 @@ FlySettings = dataclasses.make_dataclass(
     frozen=True, namespace={"__post_init__": _validate, "from_env": classmethod(_from_env),
                             "__doc__": "FLy's settings in the vLLM plugin: loosespec's knobs marked vllm=True."})
 FlySettings.__module__ = __name__
+
+
+def resolve(settings, k: int) -> tuple[float, int, int, str]:
+    """(theta, W, top_k, boundary) for drafts of up to ``k`` tokens (vLLM's num_speculative_tokens): the settings
+    given, vLLM's native defaults for those left unset. A window of ``k`` or more positions never fits: refused,
+    as vLLM refuses ``fly_window_size >= num_speculative_tokens``."""
+    theta = settings.fly_entropy_threshold
+    theta = VLLM_NATIVE["fly_entropy_threshold"] if theta is None else theta
+    w = settings.fly_window_size
+    if w is None:
+        w = max(0, min(VLLM_NATIVE["fly_window_size"], k - 1))
+    elif k and w >= k:
+        raise ValueError(f"fly_window_size ({w}) must be smaller than num_speculative_tokens ({k}): FLy defers a "
+                         "mismatch only when the positions after it fit in the draft")
+    boundary = settings.fly_boundary or VLLM_NATIVE["fly_boundary"]
+    return theta, w, settings.fly_entropy_top_k, boundary
 
 
 def _target_probs(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
@@ -134,6 +160,7 @@ def fly_rejection_sample(
     greedy_rows = [True] * batch if is_greedy is None else is_greedy.tolist()
     generators = generators or {}
     totals = dict.fromkeys(COUNTERS, 0)
+    theta, w, top_k, boundary = resolve(settings, max_spec_len)
     start = 0
     for i in range(batch):
         end = int(ends[i])
@@ -160,8 +187,7 @@ def fly_rejection_sample(
             else:
                 u = uniform_probs[start:end] if uniform_probs is not None else None
                 match = native_accept(draft, q, probs, gen, uniform=u)
-        accept, events = fly_accept(match, raw[start:end], settings.fly_entropy_threshold,
-                                    settings.fly_window_size, settings.fly_entropy_top_k)
+        accept, events = fly_accept(match, raw[start:end], theta, w, top_k, boundary=boundary)
         n = first_false(accept)
         if n == k:
             nxt = bonus
@@ -342,14 +368,15 @@ def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
                               temperature, seed, settings)
         match = torch.where(sampled["greedy"][:, None], match, sampled["match"])
     match = match & valid
-    entropy = topk_entropy(raw_logits, settings.fly_entropy_top_k)[safe]  # [R, K]
-    gate = gate_open(entropy, settings.fly_entropy_threshold)
-    w = settings.fly_window_size
+    theta, w, top_k, boundary = resolve(settings, k_max)
+    entropy = topk_entropy(raw_logits, top_k)[safe]  # [R, K]
+    gate = gate_open(entropy, theta)
     misses = torch.cat([torch.zeros_like(k)[:, None], ((~match) & valid).long().cumsum(1)], 1)  # [R, K + 1]
     lo = torch.minimum(j[None, :] + 1, k[:, None])
-    hi = torch.minimum(j[None, :] + w, k[:, None])  # the window cut at the request's own draft end
+    hi = torch.minimum(j[None, :] + w + 1, k[:, None])  # the window j+1 .. j+W, cut at the request's draft end
     window = (misses.gather(1, hi) - misses.gather(1, lo)) == 0
-    bound = j[None, :] <= (k - w - 1)[:, None]  # the boundary of a draft of k_r tokens (nominal K = k_r)
+    # the boundary of a draft of k_r tokens (nominal K = k_r): the window fits, or one stricter (official)
+    bound = j[None, :] <= (k - w - (2 if boundary == "official" else 1))[:, None]
     accept = (match | (gate & window & bound)) & valid
     n = accept.long().cumprod(1).sum(1)  # [R] kept draft tokens
     nxt = choice[(starts + n).clamp(max=num_rows - 1)]
@@ -361,9 +388,11 @@ def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     out.scatter_(1, n[:, None], nxt[:, None])
     upto = (j[None, :] <= n[:, None]) & valid
     miss = ~match & upto
+    initial = ~match & valid
     counts = torch.stack([miss.sum(), (miss & accept).sum(), (miss & ~gate).sum(), (miss & gate & ~window).sum(),
-                          (miss & gate & window & ~bound).sum()]).tolist()
-    return out, (n + 1).to(torch.int32), dict(zip(COUNTERS, counts))  # in FLY_COUNTERS' order
+                          (miss & gate & window & ~bound).sum(), initial.sum(), (initial & gate & window & bound).sum(),
+                          (bound & valid).any(1).sum()]).tolist()
+    return out, (n + 1).to(torch.int32), dict(zip(COUNTERS, counts))  # in COUNTERS' order
 
 
 def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed,
