@@ -34,9 +34,24 @@ length and drafts further only as the evidence says it pays.
 Everything the choice depends on is deterministic given the cached cost curves (modelled costs,
 not wall-clock time), so a run reproduces its draft lengths, and a lossy method's output, exactly.
 
-FLy: the rule's deferral boundary keeps the nominal K the user asked for
-(:func:`loosespec.verify.fly.within_boundary`), so a shorter draft never defers where a full one
-would not; FLy with k <= W cannot defer at all, which the estimate learns as lower acceptance.
+**A loose rule** (FLy) keeps some rejected draft tokens, so a longer draft buys more than the
+exact-match chain above: a mismatch at ``j`` is deferred when the target's gate is open there and the
+``W`` tokens after it match, which needs ``j + W < k`` (the rule's boundary,
+:func:`loosespec.verify.fly.within_boundary`). A policy that priced only exact matches would keep
+drafts too short to defer and silently turn FLy into exact verification. So with a loose rule the
+estimate also learns, from each round's first native rejection (:class:`loosespec.verify.types.FirstMiss`),
+how often the gate is open there (``g``; every round with a mismatch tells) and how often the rule
+then keeps it when the draft was long enough (``s``: the window survived, the copy guard let it; only
+rounds long enough tell, and before they do ``s`` is the chance of ``W`` exact matches in a row). E(k)
+then adds the deferral paths (:meth:`LoosePrices.expected_tokens`):
+
+    at each position j reached:  match (a_j) -> j + 1;  mismatch deferred ((1 - a_j) g s, j deferrable)
+                                 -> positions j .. j + W kept, continue at j + W + 1;  else stop.
+
+Rounds too short to defer never show whether windows survive, so while ``s`` rests on little
+evidence, every :data:`EXPLORE_EVERY`-th round prices deferrals optimistically (``s = 1``) and drafts
+long if that would pay (counted as ``rounds_explore``). Exact and rejection verification have no
+loose rule: their choice is the exact-match chain alone, as before.
 """
 
 from __future__ import annotations
@@ -101,23 +116,138 @@ class AcceptanceEstimate:
         return total
 
 
+# a loose rule's deferral estimate (g, s): before evidence the gate is as likely open as not, worth one round. Its
+# evidence fades slower than the acceptance estimate's (~100 rounds): what a window buys is seen only in long rounds
+GATE_PRIOR_MEAN = 0.5
+LOOSE_PRIOR_WEIGHT = 1.0
+LOOSE_DECAY = 0.99
+# while fewer than this many (decayed) rounds have shown whether a deferrable mismatch is kept, every EXPLORE_EVERY-th
+# round prices deferrals as if every open gate were kept (see the module docstring). Where windows do not survive,
+# that is about one round in 40 (two failures, then 40 rounds of fading back below 2)
+EXPLORE_EVIDENCE = 2.0
+EXPLORE_EVERY = 8
+
+
+class LoosePrices:
+    """A loose rule's deferrals, learnt per round (see the module docstring): the gate-open rate ``g`` at a
+    round's first native rejection and the share ``s`` of gate-open, deferrable first rejections the rule kept.
+
+    ``window``, ``boundary`` and ``num_draft_tokens`` are the rule's (``fly_window_size``, ``fly_boundary``, K),
+    so the policy knows where a draft of k tokens can defer.
+    """
+
+    def __init__(self, window: int, boundary: str = "window", num_draft_tokens: int | None = None,
+                 decay: float = LOOSE_DECAY, prior_weight: float = LOOSE_PRIOR_WEIGHT):
+        self.window, self.boundary, self.num_draft_tokens = window, boundary, num_draft_tokens
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.gate = [0.0, 0.0]  # [open, seen]
+        self.kept = [0.0, 0.0]  # [kept, deferrable with the gate open]
+        self._bounds: dict[int, list[bool]] = {0: []}
+
+    def deferrable(self, k: int) -> list[bool]:
+        """[k] where a draft of k tokens can defer: the rule's own boundary (one definition, the rule's)."""
+        if k not in self._bounds:
+            from loosespec.verify.fly import within_boundary
+
+            self._bounds[k] = within_boundary(k, self.window, "cpu", self.num_draft_tokens, self.boundary).tolist()
+        return self._bounds[k]
+
+    def gate_rate(self) -> float:
+        return (self.gate[0] + GATE_PRIOR_MEAN * self.prior_weight) / (self.gate[1] + self.prior_weight)
+
+    def keep_rate(self, prior: float) -> float:
+        return (self.kept[0] + prior * self.prior_weight) / (self.kept[1] + self.prior_weight)
+
+    def thin(self) -> bool:
+        """Whether ``s`` still rests on little evidence (exploration rounds price it optimistically)."""
+        return self.kept[1] < EXPLORE_EVIDENCE
+
+    def update(self, miss) -> None:
+        """One round's first native rejection (:class:`~loosespec.verify.types.FirstMiss`, None: none)."""
+        for c in (self.gate, self.kept):
+            c[0] *= self.decay
+            c[1] *= self.decay
+        if miss is None:
+            return
+        self.gate[0] += miss.gate_open
+        self.gate[1] += 1
+        if miss.gate_open and miss.deferrable:
+            self.kept[0] += miss.deferred
+            self.kept[1] += 1
+
+    def expected_tokens(self, rates: list[float], k: int, keep: float | None = None) -> float:
+        """E(k) with deferrals: ``rates`` = a_1 .. a_k of exact (native) acceptance; ``keep``: s (default: the
+        estimate, its prior the chance of W native acceptances in a row)."""
+        w = self.window
+        if keep is None:
+            run = 1.0
+            for a in rates[:w]:
+                run *= a
+            keep = self.keep_rate(run)
+        defer = self.gate_rate() * keep
+        ok = self.deferrable(k)
+        reach = [0.0] * (k + w + 2)
+        reach[0] = 1.0
+        kept = 0.0
+        for j in range(k):
+            r = reach[j]
+            if r <= 0.0:
+                continue
+            a = rates[j]
+            kept += r * a
+            reach[j + 1] += r * a
+            if ok[j]:
+                d = r * (1.0 - a) * defer
+                kept += d * (w + 1)  # the deferred token and the W after it
+                reach[j + w + 1] += d
+        return 1.0 + kept
+
+
 class DraftLengthPolicy:
-    """Chooses a draft length from the cost curves and the acceptance estimate."""
+    """Chooses a draft length from the cost curves and the acceptance estimate (and a loose rule's deferrals)."""
 
     def __init__(self, target_cost: CostCurve, draft_token_cost: float, max_k: int,
-                 estimate: AcceptanceEstimate | None = None, draft_cost_decay: float = 0.8):
+                 estimate: AcceptanceEstimate | None = None, draft_cost_decay: float = 0.8,
+                 loose: LoosePrices | None = None):
         self.target_cost = target_cost
         self.draft_token_cost = draft_token_cost  # modelled seconds per drafted token (0 for n-gram lookup)
         self.max_k = max_k
         self.estimate = estimate or AcceptanceEstimate(max_k)
         self.draft_cost_decay = draft_cost_decay
+        self.loose = loose
+        self.rounds = 0
+        self.explored = False  # the last best() was an exploration round
 
-    def expected_rate(self, k: int) -> float:
+    def expected_tokens(self, k: int, keep: float | None = None) -> float:
+        """E(k): committed tokens expected from a round drafting k (a loose rule's deferrals included)."""
+        if self.loose is None or k == 0:
+            return self.estimate.expected_tokens(k)
+        return self.loose.expected_tokens(self.estimate.rates(k), k, keep)
+
+    def expected_rate(self, k: int, keep: float | None = None) -> float:
         """Expected committed tokens per second of a round drafting k."""
-        return self.estimate.expected_tokens(k) / (k * self.draft_token_cost + self.target_cost(k + 1))
+        return self.expected_tokens(k, keep) / (k * self.draft_token_cost + self.target_cost(k + 1))
 
     def best(self, k_cap: int) -> tuple[int, float]:
-        """The draft length in 0..k_cap with the highest expected rate, and that rate (one pass over k)."""
+        """The draft length in 0..k_cap with the highest expected rate, and that rate. With a loose rule whose
+        keep rate rests on little evidence, every EXPLORE_EVERY-th call prices deferrals as if kept."""
+        self.explored = False
+        if self.loose is None:
+            return self._best_exact(k_cap)
+        best_k, best = 0, self.expected_rate(0)
+        for k in range(1, min(k_cap, self.max_k) + 1):
+            r = self.expected_rate(k)
+            if r > best:
+                best_k, best = k, r
+        if self.loose.thin() and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            hopeful = max(range(best_k, min(k_cap, self.max_k) + 1), key=lambda k: self.expected_rate(k, 1.0))
+            if hopeful > best_k and any(self.loose.deferrable(hopeful)):
+                self.explored = True  # priced as hoped, so that a level exploring wins the round
+                return hopeful, self.expected_rate(hopeful, 1.0)
+        return best_k, best
+
+    def _best_exact(self, k_cap: int) -> tuple[int, float]:
         best_k, best = 0, self.expected_rate(0)
         tokens, reach = 1.0, 1.0
         for k, a in enumerate(self.estimate.rates(k_cap), start=1):
@@ -128,9 +258,15 @@ class DraftLengthPolicy:
                 best_k, best = k, r
         return best_k, best
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
-        """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted."""
-        self.estimate.update(drafted, accepted)
+    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None, first_miss=None) -> None:
+        """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted; ``first_miss``: a loose
+        rule's account of the first native rejection (:class:`~loosespec.verify.types.FirstMiss`), whose
+        position is the native (exact-match) prefix the acceptance estimate learns from."""
+        self.rounds += 1
+        native = first_miss.position if first_miss is not None else accepted
+        self.estimate.update(drafted, native)
+        if self.loose is not None:
+            self.loose.update(first_miss if drafted else None)
         if drafted and draft_seconds is not None:
             a = self.draft_cost_decay
             self.draft_token_cost = a * self.draft_token_cost + (1 - a) * draft_seconds / drafted
@@ -178,6 +314,8 @@ class CostAwareDrafter:
             level = None
         self.level, self.last_choice, self._draft_s = level, chosen, None
         self.round_events = {f"rounds_{level.name if level else 'none'}": 1}
+        if level is not None and level.policy.explored:
+            self.round_events["rounds_explore"] = 1
         if level is None:
             return EMPTY_DRAFT
         if proposal is not None:
@@ -187,9 +325,11 @@ class CostAwareDrafter:
         self._draft_s = level.lm.modelled_s - before
         return draft
 
-    def feedback(self, drafted: int, accepted: int) -> None:
+    def feedback(self, drafted: int, accepted: int, first_miss=None) -> None:
+        """The round's outcome: ``accepted`` of ``drafted`` kept; ``first_miss``: a loose rule's account of the
+        first native rejection (:class:`~loosespec.verify.types.FirstMiss`)."""
         for level in self.levels:
             if level is self.level:
-                level.policy.observe(drafted, accepted, self._draft_s)
+                level.policy.observe(drafted, accepted, self._draft_s, first_miss)
             else:
                 level.policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again

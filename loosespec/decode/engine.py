@@ -93,7 +93,7 @@ def decode(
             raise
         level = None
         if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
-            drafter.feedback(len(draft), verdict.num_accepted)
+            drafter.feedback(len(draft), verdict.num_accepted, verdict.first_miss)
             level = getattr(drafter, "round_events", None)  # the drafting level the round used (draftlen)
         # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
         tokens = verdict.tokens.tolist()
@@ -370,21 +370,30 @@ class Engine:
 
     def _cost_aware(self, drafter, cfg: DecodeConfig):
         """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves."""
-        from loosespec.decode.draftlen import MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter, DraftLengthPolicy, Level
+        from loosespec.decode.draftlen import (MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter,
+                                               DraftLengthPolicy, Level, LoosePrices)
 
         # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
         k = cfg.num_draft_tokens
+
+        def loose():  # a loose rule's deferrals are priced too (one estimate per level): FLy
+            if cfg.method != "fly":
+                return None
+            return LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens)
+
         if cfg.drafter == "ngram":
-            return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k))])
+            return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k, loose=loose()))])
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
         # a forward per drafted token until the first rounds say otherwise
         model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
-                                                          AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN)), draft_lm)
+                                                          AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN),
+                                                          loose=loose()), draft_lm)
         if cfg.drafter == "mla" and self.bridge is None:  # MLA's levels: the lookup alone, or the draft model
             lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
-            return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k)), model])
+            return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k, loose=loose())),
+                                     model])
         return CostAwareDrafter([model])
 
     def _draft_side_stops(self) -> frozenset[int]:

@@ -37,7 +37,13 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
 - ``accuracy`` (scored datasets) with a 95% Wilson interval, ``recovery`` = accuracy / ``ar``
   accuracy, the paired counts ``ar_right_method_wrong`` and ``ar_wrong_method_right`` and McNemar's exact
   p-value on them (``mcnemar_p``: two-sided binomial test of the discordant pairs, 1 when there are none);
-- ``identical_to_ar`` = share of outputs whose token ids equal ``ar``'s.
+- ``identical_to_ar`` = share of outputs whose token ids equal ``ar``'s;
+- what actually ran, for the methods with a cost-aware drafter: ``draft_levels``, the share of rounds
+  that drafted with the n-gram lookup alone, with the draft model, or not at all (``rounds_explore``:
+  rounds a loose rule explored a long draft); for FLy, ``fly_deferrable_rounds`` (rounds whose draft was
+  long enough to defer anywhere), ``fly_deferred``, the official counters ``fly_initial_mismatches`` and
+  ``fly_window_rescues``, and ``fly_window_meaning`` (what ``fly_window_size`` counted: ``subsequent``
+  positions, or ``counting the mismatch`` in rows written before 2026-12-04).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from pathlib import Path
 
 from loosespec.config import DRAFTERS, DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
-from loosespec.methods import FLY_GUARD_COUNTERS
+from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, FLY_WINDOW_MEANING
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
@@ -271,8 +277,11 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
-# keys that directories written before they existed lack, and the value those runs had
-LEGACY_CONFIG = {"adaptive_draft_length": False}
+# keys that directories written before they existed lack, and the value those runs had: a directory whose FLy rows
+# counted the mismatch in fly_window_size cannot be resumed with today's meaning (rows of both would mix)
+LEGACY_WINDOW_MEANING = "counting the mismatch"
+LEGACY_CONFIG = {"adaptive_draft_length": False, "fly_window_meaning": LEGACY_WINDOW_MEANING}
+DRAFT_LEVELS = ("lookup", "model", "none")  # loosespec.decode.draftlen's rounds_<level> counters
 
 
 def check_config(out: Path, config: dict) -> None:
@@ -692,9 +701,28 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     for name in FLY_GUARD_COUNTERS:  # only when FLy's copy guard was on (--fly-copy-guard)
         if any(name in r["stats"] for r in paired):
             fly[name] = sum(r["stats"].get(name, 0) for r in paired)
-    if fly["fly_prefix_mismatches"]:
+    for name in FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS:  # rows written before 2026-12-04 lack them
+        if any(name in r["stats"] for r in paired):
+            fly[name] = sum(r["stats"].get(name, 0) for r in paired)
+    if fly["fly_prefix_mismatches"] or any(r.get("config", {}).get("method") == "fly" for r in paired):
         s.update(fly)
+        meanings = {r.get("config", {}).get("fly_window_meaning", LEGACY_WINDOW_MEANING) for r in paired}
+        s["fly_window_meaning"] = meanings.pop() if len(meanings) == 1 else "mixed"
+    s.update(_levels(paired))
     return s
+
+
+def _levels(rows: list[dict]) -> dict:
+    """The share of rounds per draft level (``draft_levels``), and the exploration rounds, over rows with counts."""
+    counts = {lv: sum(r.get("stats", {}).get(f"rounds_{lv}", 0) for r in rows) for lv in DRAFT_LEVELS}
+    total = sum(counts.values())
+    if not total:
+        return {}
+    out = {"draft_levels": {lv: round(c / total, 4) for lv, c in counts.items()}, "level_rounds": total}
+    explore = sum(r.get("stats", {}).get("rounds_explore", 0) for r in rows)
+    if explore:
+        out["rounds_explore"] = explore
+    return out
 
 
 def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dict:
@@ -759,6 +787,33 @@ def format_table(summary: dict) -> str:
             f"{_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance_rate'])} | {acc} | {_fmt(s.get('recovery'))} | "
             f"{s.get('ar_right_method_wrong', '-')} | {s.get('ar_wrong_method_right', '-')} | {_fmt(s.get('mcnemar_p'), '.3g')} | "
             f"{_fmt(s['identical_to_ar'])} |")
+    return "\n".join(lines)
+
+
+def format_drafting_table(summary: dict) -> str:
+    """What actually ran, per method with a cost-aware drafter or FLy: the share of rounds per draft level, and for
+    FLy the rounds long enough to defer, the deferrals and the official accept rate (rescues / initial
+    mismatches). Empty when no method has these counts."""
+    rows = [(m, s) for m, s in summary["methods"].items() if "draft_levels" in s or "fly_deferred" in s]
+    if not rows:
+        return ""
+    lines = ["| method | rounds | lookup only | draft model | no draft | explored | could defer | deferrals "
+             "| official accept rate (rescues / mismatches) | window counts |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for m, s in rows:
+        lv = s.get("draft_levels") or {}
+        pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+        deferrable = s.get("fly_deferrable_rounds")
+        total = s.get("level_rounds")
+        rate = "-"
+        if s.get("fly_initial_mismatches"):
+            rate = f"{s['fly_window_rescues'] / s['fly_initial_mismatches']:.3f} ({s['fly_window_rescues']} / " \
+                   f"{s['fly_initial_mismatches']})"
+        lines.append(f"| {m}{' (lossy)' if s['lossy'] else ''} | {total if total else '-'} | {pct(lv.get('lookup'))} | "
+                     f"{pct(lv.get('model'))} | {pct(lv.get('none'))} | {s.get('rounds_explore', 0) if lv else '-'} | "
+                     + (f"{deferrable}" + (f" ({pct(deferrable / total)})" if total else "") if deferrable is not None
+                        else "-")
+                     + f" | {s.get('fly_deferred', '-')} | {rate} | {s.get('fly_window_meaning', '-')} |")
     return "\n".join(lines)
 
 
@@ -960,6 +1015,9 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
     if write:
         (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     text = format_table(summary)
+    drafting = format_drafting_table(summary)
+    if drafting:
+        text += "\n\nWhat ran (share of rounds by draft level; FLy: rounds long enough to defer, deferrals):\n\n" + drafting
     if len(summary["categories"]) > 1:
         text += "\n\nBy category:\n\n" + format_category_table(summary)
     if summary.get("machines"):
@@ -983,6 +1041,6 @@ def run_config(*, target: str, draft: str | None, dtype: str, device: str, datas
     return {"target": target, "draft": draft, "dtype": dtype, "device": device, "dataset": dataset,
             "dataset_options": options, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "top_p": top_p, "top_k": top_k, "seed": seed, "sg_tau": sg_tau, "scorer": scorer,
-            "adaptive_draft_length": adaptive_draft_length,
+            "adaptive_draft_length": adaptive_draft_length, "fly_window_meaning": FLY_WINDOW_MEANING,
             "loosespec": __version__, "torch": torch.__version__.split("+")[0],
             "transformers": transformers.__version__, "machine": platform.machine()}
