@@ -56,6 +56,7 @@ loose rule: their choice is the exact-match chain alone, as before.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +127,8 @@ LOOSE_DECAY = 0.99
 # that is about one round in 40 (two failures, then 40 rounds of fading back below 2)
 EXPLORE_EVIDENCE = 2.0
 EXPLORE_EVERY = 8
+# a draft model's catch-up on tokens it has not read (catch_up_s) is charged to a round's choice over this many rounds
+CATCH_UP_ROUNDS = 4
 
 
 class LoosePrices:
@@ -225,35 +228,45 @@ class DraftLengthPolicy:
             return self.estimate.expected_tokens(k)
         return self.loose.expected_tokens(self.estimate.rates(k), k, keep)
 
-    def expected_rate(self, k: int, keep: float | None = None) -> float:
-        """Expected committed tokens per second of a round drafting k."""
-        return self.expected_tokens(k, keep) / (k * self.draft_token_cost + self.target_cost(k + 1))
+    def expected_rate(self, k: int, keep: float | None = None, extra_s: float = 0.0) -> float:
+        """Expected committed tokens per second of a round drafting k; ``extra_s``: what drafting at all costs this
+        round beyond its tokens (a draft model catching up on tokens it has not read)."""
+        return self.expected_tokens(k, keep) / (k * self.draft_token_cost + (extra_s if k else 0.0)
+                                                + self.target_cost(k + 1))
 
-    def best(self, k_cap: int) -> tuple[int, float]:
-        """The draft length in 0..k_cap with the highest expected rate, and that rate. With a loose rule whose
-        keep rate rests on little evidence, every EXPLORE_EVERY-th call prices deferrals as if kept."""
+    def best(self, k_cap: int, extra_s: float = 0.0) -> tuple[int, float]:
+        """The draft length in 0..k_cap with the highest expected rate, and that rate (``extra_s``: see
+        :meth:`expected_rate`). With a loose rule whose keep rate rests on little evidence, every
+        EXPLORE_EVERY-th call prices deferrals as if kept."""
         self.explored = False
         if self.loose is None:
-            return self._best_exact(k_cap)
+            return self._best_exact(k_cap, extra_s)
         best_k, best = 0, self.expected_rate(0)
         for k in range(1, min(k_cap, self.max_k) + 1):
-            r = self.expected_rate(k)
+            r = self.expected_rate(k, None, extra_s)
             if r > best:
                 best_k, best = k, r
         if self.loose.thin() and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
-            hopeful = max(range(best_k, min(k_cap, self.max_k) + 1), key=lambda k: self.expected_rate(k, 1.0))
-            if hopeful > best_k and any(self.loose.deferrable(hopeful)):
+            top = min(k_cap, self.max_k)
+            hopeful = max(range(best_k, top + 1), key=lambda k: self.expected_rate(k, 1.0, extra_s))
+            # long enough that the first rejection, where it usually falls, leaves room for the window: a round that
+            # can defer only at position 0 would seldom tell whether windows survive (a lookup proposal too short
+            # for that does not explore)
+            usual = int(math.ceil(self.estimate.expected_tokens(top) - 1))  # the native prefix's expectation
+            if hopeful > best_k:  # optimism says a longer draft pays (never where the gate is seen shut)
+                hopeful = max(hopeful, usual + self.loose.window + 1)
+            if hopeful > best_k and hopeful <= top and any(self.loose.deferrable(hopeful)):
                 self.explored = True  # priced as hoped, so that a level exploring wins the round
-                return hopeful, self.expected_rate(hopeful, 1.0)
+                return hopeful, self.expected_rate(hopeful, 1.0, extra_s)
         return best_k, best
 
-    def _best_exact(self, k_cap: int) -> tuple[int, float]:
+    def _best_exact(self, k_cap: int, extra_s: float = 0.0) -> tuple[int, float]:
         best_k, best = 0, self.expected_rate(0)
         tokens, reach = 1.0, 1.0
         for k, a in enumerate(self.estimate.rates(k_cap), start=1):
             reach *= a
             tokens += reach  # E(k), built up position by position
-            r = tokens / (k * self.draft_token_cost + self.target_cost(k + 1))
+            r = tokens / (k * self.draft_token_cost + extra_s + self.target_cost(k + 1))
             if r > best:
                 best_k, best = k, r
         return best_k, best
@@ -270,6 +283,19 @@ class DraftLengthPolicy:
         if drafted and draft_seconds is not None:
             a = self.draft_cost_decay
             self.draft_token_cost = a * self.draft_token_cost + (1 - a) * draft_seconds / drafted
+
+
+def catch_up_s(lm, seq: torch.Tensor) -> float:
+    """What a draft model must read before it can draft after ``seq``, in modelled seconds: the committed tokens
+    its cache lacks beyond the last one (rounds drafted by another level, or none), priced as the extra tokens of
+    its next forward. 0 for a free level, and for an empty cache (its prompt read is once per generation, like
+    the target's prefill, and booked apart: ``CachedLM.modelled_prefill_s``)."""
+    if lm is None or getattr(lm, "cost", None) is None or not len(getattr(lm, "ids", ())):
+        return 0.0
+    from loosespec.decode.kv import common_prefix_len
+
+    lag = seq.shape[0] - common_prefix_len(lm.ids, seq)
+    return max(lm.cost(lag) - lm.cost(1), 0.0) if lag > 1 else 0.0
 
 
 @dataclass
@@ -301,15 +327,19 @@ class CostAwareDrafter:
         self._draft_s: float | None = None
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
-        options = [(None, 0, self.levels[0].policy.expected_rate(0), None)]  # no draft: a plain target step
+        options = [(None, 0, self.levels[0].policy.expected_rate(0), None, 0.0)]  # no draft: a plain target step
         for level in self.levels:
             proposal = None
             if level.lm is None:
                 proposal = level.drafter.propose(seq, k)
                 if not len(proposal):
                     continue
-            options.append((level, *level.policy.best(len(proposal) if proposal is not None else k), proposal))
-        level, chosen, _, proposal = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
+            catch = catch_up_s(level.lm, seq)
+            # a catch-up is paid once and serves the rounds after it: priced whole on one round, a draft model that
+            # fell behind would never be worth catching up (and would fall further behind every round)
+            options.append((level, *level.policy.best(len(proposal) if proposal is not None else k,
+                                                      catch / CATCH_UP_ROUNDS), proposal, catch))
+        level, chosen, _, proposal, catch = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
         if chosen == 0:
             level = None
         self.level, self.last_choice, self._draft_s = level, chosen, None
@@ -322,7 +352,9 @@ class CostAwareDrafter:
             return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen])
         before = level.lm.modelled_s
         draft = level.drafter.propose(seq, chosen)
-        self._draft_s = level.lm.modelled_s - before
+        # what the drafted tokens cost, the catch-up taken out: one dear round must not make every later draft
+        # token look as dear (it did: a draft model chosen once after 60 lookup rounds was never chosen again)
+        self._draft_s = max(level.lm.modelled_s - before - catch, 0.0)
         return draft
 
     def feedback(self, drafted: int, accepted: int, first_miss=None) -> None:

@@ -377,10 +377,11 @@ class Engine:
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
         k = cfg.num_draft_tokens
 
-        def loose():  # a loose rule's deferrals are priced too (one estimate per level): FLy
-            if cfg.method != "fly":
-                return None
-            return LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens)
+        # a loose rule's deferrals are priced too (FLy): one estimate shared by the levels, as the gate is the target's
+        shared = LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens) if cfg.method == "fly" else None
+
+        def loose():
+            return shared
 
         if cfg.drafter == "ngram":
             return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k, loose=loose()))])

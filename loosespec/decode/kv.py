@@ -119,7 +119,8 @@ class CachedLM:
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
         self.cost = None  # a loosespec.cost.CostCurve: when set, every forward adds its modelled seconds
-        self.modelled_s = 0.0
+        self.modelled_s = 0.0  # forwards that extend a cached sequence (what drafting and verifying cost)
+        self.modelled_prefill_s = 0.0  # forwards from an empty cache: once per generation, not per drafted token
         self.margin = ROLLBACK_MARGIN
         self.recomputes = 0  # rollbacks too deep for a sliding-window layer, recomputed from scratch
         self.reset()
@@ -187,11 +188,18 @@ class CachedLM:
         return min(common_prefix_len(self.ids, seq), seq.shape[0] - rows)
 
     def _counted(self, seq: torch.Tensor, fed: int) -> None:
-        """Book a finished forward: the cache now holds ``seq``; ``fed`` positions ran (the modelled cost's)."""
+        """Book a finished forward: the cache now holds ``seq``; ``fed`` positions ran (the modelled cost's). A
+        forward that filled an empty cache (a draft model's first forward reads the whole prompt) is booked apart:
+        charged to the round that happened to run it, it made a draft token look as dear as a prompt, and the
+        cost-aware draft length never tried the draft model again (issue 41)."""
+        prefill = fed == seq.shape[0] and fed > 1
         self.ids = seq
         self.forwards += 1
         if self.cost is not None:
-            self.modelled_s += self.cost(fed)
+            if prefill:
+                self.modelled_prefill_s += self.cost(fed)
+            else:
+                self.modelled_s += self.cost(fed)
 
 
 STATIC_BUCKETS = (1, 2, 4, 8, 16, 32)  # fed lengths the compiled forward is specialised to (padded up to one)
