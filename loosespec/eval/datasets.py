@@ -26,6 +26,11 @@ Datasets (``load_dataset(name, limit, directory, **options)``; ``DATASETS`` is t
 - ``humaneval``: HumanEval (164). Prompt :data:`HUMANEVAL_PROMPT` (the format of
   the earlier runs); id = task_id (``HumanEval/0``); category ``humaneval``; ``answer`` is the
   canonical solution (gold body); meta has task_id, prompt, test, entry_point.
+- ``mbpp-train``: MBPP's train split (task_id 601..974, 374 problems), each as a HumanEval-style stub
+  (the reference's imports and signature, a docstring with the task and its asserts) in
+  :data:`HUMANEVAL_PROMPT`; id ``mbpp-train/<task_id>``; category ``mbpp-train``; ``answer`` is the
+  reference code; meta as humaneval's, so it is scored like humaneval. For calibration only, so that
+  no benchmark problem (HumanEval) is calibrated on.
 - ``specbench``: Spec-Bench (480), first turn only. Option ``category=None``: one of the six task
   types ``mt_bench`` (the 80 MT-Bench rows, question_id 81..160), ``translation``,
   ``summarization``, ``qa``, ``math_reasoning``, ``rag``, or one of the eight MT-Bench categories
@@ -263,6 +268,75 @@ def humaneval(limit: int | None = None, directory: str | Path | None = None) -> 
                     {"task_id": r["task_id"], "prompt": r["prompt"], "test": r["test"],
                      "entry_point": r["entry_point"]})
             for r in rows]
+
+
+MBPP_TRAIN_IDS = (601, 974)  # MBPP's train split (1-10 few-shot, 11-510 test, 511-600 validation)
+
+
+def _mbpp_entry_point(row: dict) -> str:
+    """The function an MBPP row is about: the name its first assert calls (``assert <name>(``) if the
+    reference code defines it, else the reference's last top-level ``def``."""
+    tests, code = row.get("test_list") or [], row["code"]
+    m = re.match(r"\s*assert\s+([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
+    if m and _defines(code, m[1]):
+        return m[1]
+    defs = re.findall(r"^def\s+([A-Za-z_]\w*)\s*\(", code, re.M)
+    if defs:
+        return defs[-1]
+    raise LoosespecError(f"mbpp task {row.get('task_id')}: cannot tell which function it asks for (its first assert "
+                         f"calls no function the reference code defines, and the code has no top-level def)")
+
+
+def _mbpp_signature(code: str, entry: str) -> str:
+    """The reference's ``def <entry>(...):`` line(s) as written: trailing whitespace dropped, tabs as spaces."""
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    start = next(i for i, ln in enumerate(lines) if re.match(rf"\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", ln))
+    sig, depth = [], 0
+    for ln in lines[start:]:  # a signature may continue over lines until its parentheses close
+        sig.append(ln.rstrip().replace("\t", "    "))
+        depth += ln.count("(") - ln.count(")")
+        if depth <= 0:
+            break
+    return "\n".join(sig).lstrip()
+
+
+def _mbpp_stub(row: dict, entry: str) -> str:
+    """A HumanEval-style prompt for an MBPP row: the reference's imports, its signature and a docstring
+    with the task text and the asserts (backslashes and triple quotes escaped, so it is valid Python)."""
+    code = row["code"].replace("\r\n", "\n").replace("\r", "\n")
+    imports = [ln.rstrip() for ln in code.split("\n") if ln.startswith(("import ", "from "))]
+    doc = [row["text"].strip(), "", "Your code should pass these tests:"] + [t.strip() for t in row["test_list"]]
+    body = "\n".join(("    " + ln if ln else "") for part in doc for ln in part.split("\n"))
+    body = body.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    head = "\n".join(imports) + "\n\n" if imports else ""
+    return f'{head}{_mbpp_signature(code, entry)}\n    """{body.lstrip()}\n    """\n'
+
+
+def _mbpp_test(row: dict, entry: str) -> str:
+    """MBPP's setup code and asserts as a HumanEval-style ``check(candidate)`` (the asserts call the
+    function by name). A task whose function is itself called ``check`` (899, 967) would have it replaced
+    by the checker: there the function is kept as ``_mbpp_candidate`` first and the asserts call that."""
+    setup = (row.get("test_setup_code") or "").replace("\r\n", "\n").replace("\r", "\n")
+    asserts = "".join("    " + ln + "\n" for t in row["test_list"] for ln in t.strip().split("\n"))
+    if entry == "check":
+        setup += "\n\n_mbpp_candidate = check"
+        asserts = re.sub(r"\bcheck(\s*\()", r"_mbpp_candidate\1", asserts)
+    return setup + "\n\ndef check(candidate):\n" + asserts
+
+
+def mbpp_train(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
+    """The first ``limit`` problems of MBPP's *train* split (task_id 601..974), in file order, as
+    HumanEval-style prompts: for calibration only, so that no benchmark problem is calibrated on.
+    ``answer`` is the reference code; meta has task_id, prompt (the stub), test, entry_point, as HumanEval's."""
+    lo, hi = MBPP_TRAIN_IDS
+    rows = [r for r in _load("mbpp.jsonl", directory) if lo <= r["task_id"] <= hi][:limit]
+    out = []
+    for r in rows:
+        entry = _mbpp_entry_point(r)
+        stub = _mbpp_stub(r, entry)
+        out.append(Problem(f"mbpp-train/{r['task_id']}", "mbpp-train", HUMANEVAL_PROMPT.format(prompt=stub), r["code"],
+                           {"task_id": r["task_id"], "prompt": stub, "test": _mbpp_test(r, entry), "entry_point": entry}))
+    return out
 
 
 def _specbench_task(row: dict) -> str:
@@ -648,6 +722,9 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("humaneval", humaneval, {}, _score_humaneval, {"timeout_s": 10.0, "memory_mb": 1024},
                 "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox",
                 short_answer=False),
+    DatasetSpec("mbpp-train", mbpp_train, {}, _score_humaneval, {"timeout_s": 10.0, "memory_mb": 1024},
+                "pass@1 as humaneval: code from the reply + MBPP's asserts run in the sandbox (MBPP's train split, "
+                "for calibration)", short_answer=False),
     DatasetSpec("specbench", specbench, {"category": None}, None, {},
                 "none: judged only by agreement with the ar output"),
     DatasetSpec("mtbench", mtbench, {}, None, {},

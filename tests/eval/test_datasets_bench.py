@@ -65,7 +65,8 @@ def _unique_ids(problems):
 # ----------------------------------------------------------------------------------------------- registry
 
 def test_registry_and_docs():
-    assert set(DATASETS) == {"gsm8k", "gsm8k-train", "mgsm", "math500", "humaneval", "specbench", "mtbench", "niah"}
+    assert set(DATASETS) == {"gsm8k", "gsm8k-train", "mgsm", "math500", "humaneval", "mbpp-train", "specbench",
+                             "mtbench", "niah"}
     assert set(SCORERS_DOC) == set(DATASETS) and all(SCORERS_DOC.values())
     p = Problem("x/0", "x", "q", None)
     assert p.meta == {} and hash(p) == hash(Problem("x/0", "x", "q", None, {"a": 1}))  # meta: not hashed/compared
@@ -431,7 +432,7 @@ def test_shipped_files_match_their_readme():
     table = _readme_table()
     assert set(table) == {p.name for p in DATA.glob("*.jsonl")} >= {
         "gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "humaneval.jsonl", "spec_bench_question.jsonl",
-        "math500_test.jsonl", "mt_bench_question.jsonl"}
+        "math500_test.jsonl", "mt_bench_question.jsonl", "mbpp.jsonl"}
     for name, (rows, size, sha) in table.items():
         data = (DATA / name).read_bytes()
         assert (data.count(b"\n"), len(data), hashlib.sha256(data).hexdigest()) == (rows, size, sha), name
@@ -446,7 +447,7 @@ def test_the_shipped_files_are_package_data():
     config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     patterns = config["tool"]["setuptools"]["package-data"]["loosespec.eval"]
     files = sorted(f"data/{p.name}" for p in DATA.iterdir())
-    assert "data/README.md" in files and len(files) == 8
+    assert "data/README.md" in files and len(files) == 9
     assert [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
 
 
@@ -456,13 +457,13 @@ def test_every_set_loads_from_the_repository_alone(monkeypatch):
     monkeypatch.delenv("LOOSESPEC_DATA")
     package = Path(datasets.__file__).resolve().parent
     for name in ("gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "math500_test.jsonl", "humaneval.jsonl",
-                 "spec_bench_question.jsonl", "mt_bench_question.jsonl"):
+                 "spec_bench_question.jsonl", "mt_bench_question.jsonl", "mbpp.jsonl"):
         assert datasets.data_file(name) == package / "data" / name
     assert datasets.data_dir() == package / "data"
     counts = {name: len(load_dataset(name, **({"lang": "all"} if name == "mgsm" else {})))
               for name in DATASETS if name != "niah"}
     assert counts == {"gsm8k": 1319, "gsm8k-train": 7473, "mgsm": 2750, "math500": 500, "humaneval": 164,
-                      "specbench": 480, "mtbench": 80}
+                      "mbpp-train": 374, "specbench": 480, "mtbench": 80}
     with pytest.raises(LoosespecError, match="paul_graham_essays.jsonl .* not shipped.*--data-dir"):
         load_dataset("niah")
 
