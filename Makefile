@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -196,6 +196,29 @@ bench-cpu: setup peers
 	    --no-plots --out $(BENCH_DIR)/cpu/specbench-$$c --methods $(CPU_METHODS) || exit 1; \
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
+
+# FLy's calibration for the default pair (issue 41): theta, W, K and the copy guard chosen on problems no benchmark
+# reads (GSM8K's and MBPP's train splits, FLY_CAL_N each), int8 as the evidence runs; the table and the choice in
+# results/calibration/fly.md (config.FLY_PRESETS["calibrated"] must equal it: tests/eval/test_calibrate_fly.py).
+# Resumable (results/calibration/fly.runs.jsonl); wall-clock tokens/s: run it on a quiet machine.
+FLY_CAL_N ?= 30
+calibrate-fly: evidence-models
+	$(BIN)/loosespec calibrate --method fly --quantize int8 --dataset gsm8k-train,mbpp-train --limit $(FLY_CAL_N) \
+		--max-new-tokens 384 --out results/calibration/fly.json
+
+# FLy's default against exact verification's default (issue 41's acceptance): Spec-Bench, FLYDEF_SB_N prompts per
+# category (256 tokens), and HumanEval's first FLYDEF_HE_N (512 tokens, sandboxed tests), ar / exact-mla / fly-mla with
+# their defaults, int8; benchmarks/fly_acceptance.py prints the per-category table and the checks.
+FLYDEF_DIR ?= $(BENCH_DIR)/fly-default
+FLYDEF_SB_N ?= 10
+FLYDEF_HE_N ?= 40
+FLYDEF_METHODS ?= ar,exact-mla,fly-mla
+bench-fly-default: evidence-models
+	$(BIN)/loosespec bench --quantize int8 --dataset specbench --limit $(FLYDEF_SB_N) --max-new-tokens 256 --no-plots \
+		--methods $(FLYDEF_METHODS) --out $(FLYDEF_DIR)/specbench
+	$(BIN)/loosespec bench --quantize int8 --dataset humaneval --limit $(FLYDEF_HE_N) --max-new-tokens 512 --no-plots \
+		--methods $(FLYDEF_METHODS) --out $(FLYDEF_DIR)/humaneval
+	$(BIN)/python benchmarks/fly_acceptance.py $(FLYDEF_DIR) | tee $(FLYDEF_DIR)/acceptance.md
 
 # Evidence at scale (issue 20): the default pair, the cost-aware draft length, greedy; one directory per set.
 # Each run resumes: a larger *_N only adds the missing problems, so a run splits into chunks (e.g.

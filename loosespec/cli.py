@@ -255,49 +255,76 @@ _DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the
 @knob_options("drafter", "max_new_tokens", "seed", "sg_candidates", "sg_temperature", "sg_beta", "sg_delimiter",
               "sg_embedder", "sg_select", "sg_batch_candidates")
 def calibrate(
-    method: str = typer.Option("specguard", help="Method whose threshold to calibrate (specguard)."),  # (not a knob): only specguard has a threshold
-    dataset: str = typer.Option("gsm8k-train", help="Set to calibrate on: gsm8k-train (GSM8K's train split, which "
-                                "no benchmark reads), or any bench set (then do not benchmark on those problems)."),
-    limit: int = typer.Option(20, help="First N problems of the set."),
-    margin: float = typer.Option(0.1, help="target_prefers label: the candidate's mean token log-prob under the "
-                                 "target is within MARGIN nats of the target's own step's."),
-    accept_rate: Optional[float] = typer.Option(None, help="Share of steps the proposed tau should accept; default: "
-                                                "the share of steps the target wrote exactly as the draft did."),
+    method: str = typer.Option("specguard", help="Method to calibrate: specguard (tau, beta, the confidence "  # (not a knob)
+                               "variant) | fly (theta, W, K and the copy guard; LOSSY method)."),
+    dataset: str = typer.Option("gsm8k-train", help="Set(s) to calibrate on, comma-separated: gsm8k-train (GSM8K's "
+                                "train split), mbpp-train (MBPP's train split, code), which no benchmark reads; or any "
+                                "bench set (then do not benchmark on those problems)."),
+    limit: int = typer.Option(20, help="First N problems of each set."),
+    margin: float = typer.Option(0.1, help="specguard: target_prefers label: the candidate's mean token log-prob under "
+                                 "the target is within MARGIN nats of the target's own step's."),
+    accept_rate: Optional[float] = typer.Option(None, help="specguard: share of steps the proposed tau should accept; "
+                                                "default: the share of steps the target wrote exactly as the draft did."),
+    theta: str = typer.Option("0.3,0.5,0.7,0.9", help="fly: entropy thresholds to try (comma list)."),
+    window: str = typer.Option("2,3,5,8", help="fly: windows to try, positions after the mismatch (comma list)."),
+    k: str = typer.Option("15", help="fly: draft lengths K to try (comma list); the baseline drafts the largest."),
+    copy_guard: str = typer.Option("0,4", help="fly: copy guard lengths to try (comma list; 0 = off)."),
+    confirm: int = typer.Option(3, help="fly: at most this many settings of the screen's frontier run for real."),
+    min_retention: float = typer.Option(0.99, help="fly: the accuracy retention the chosen setting must keep."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model."),
-    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (SpecGuard drafts steps with it)."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (SpecGuard drafts steps with it; FLy drafts with MLA)."),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     device: str = typer.Option("auto"),
     data_dir: Optional[str] = typer.Option(None, help=_DATA_DIR_HELP),
-    out: Optional[Path] = typer.Option(None, help="Write the proposal, score distributions and step records here (JSON)."),
+    out: Optional[Path] = typer.Option(None, help="Write the report here (JSON; a .md table beside it; the per-problem "
+                                       "records in OUT.steps.jsonl for specguard, OUT.runs.jsonl for fly)."),
     **knobs,
 ):
-    """Calibrate SpecGuard (LOSSY method): tau, beta and the confidence variant from scored steps.
+    """Calibrate a LOSSY method's thresholds on problems no benchmark reads.
 
-    Every step is written by the target (tau above 1, draft-assisted exact verification), while its
-    draft candidate is still scored. Labels per step: "agrees" (the target wrote exactly the candidate)
-    and "target prefers" (the target's mean token log-prob of the candidate is within --margin of its
-    own step's). Prints the AUC of C, G and S against both labels, their length bias, and the chosen
-    sg_confidence, sg_beta and sg_tau. With --out, step records go to OUT.steps.jsonl as each problem
-    finishes: rerun to resume, or with a larger --limit to add problems.
+    specguard: tau, beta and the confidence variant from scored steps. Every step is written by the
+    target (tau above 1, draft-assisted exact verification), while its draft candidate is still
+    scored. Labels per step: "agrees" (the target wrote exactly the candidate) and "target prefers"
+    (the target's mean token log-prob of the candidate is within --margin of its own step's). Prints
+    the AUC of C, G and S against both labels, their length bias, and the chosen sg_confidence,
+    sg_beta and sg_tau.
+
+    fly: theta, W, K and the copy guard for this model pair: a baseline trace (exact verification,
+    the largest K every round: the target's own output), every setting of the grid screened on it
+    offline, then the real pipeline on the screen's frontier until a setting loses accuracy; the
+    fastest setting that keeps --min-retention of the baseline's accuracy is chosen. Wall-clock
+    tokens/s: run it on a quiet machine.
+
+    With --out, per-problem records are written as each problem finishes: rerun to resume, or with a
+    larger --limit to add problems.
     """
-    from loosespec.eval.calibrate import calibrate_specguard
     from loosespec.eval.datasets import load_dataset
     from loosespec.decode.engine import Engine
 
-    if method != "specguard":
-        raise LoosespecError(f"calibrate supports method 'specguard' only (it has the threshold tau), got '{method}'")
+    if method not in ("specguard", "fly"):
+        raise LoosespecError(f"calibrate supports methods 'specguard' (tau) and 'fly' (theta, W), got '{method}'")
     if accept_rate is not None and not (0.0 < accept_rate <= 1.0):
         raise LoosespecError(f"accept_rate must be in (0, 1], got {accept_rate}")
     if margin < 0:
         raise LoosespecError(f"--margin must be >= 0, got {margin}")
-    problems = load_dataset(dataset, limit, data_dir)
+    if limit < 1:
+        raise LoosespecError(f"--limit must be a positive integer, got {limit}")
+    sets = [d.strip() for d in dataset.split(",") if d.strip()]
+    if not sets:
+        raise LoosespecError("--dataset names no set")
+    if method == "fly":
+        return _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, target, draft,
+                              dtype, quantize, device, data_dir, out, knob_values(knobs))
+    if len(sets) > 1:
+        raise LoosespecError("calibrate --method specguard takes one --dataset")
+    problems = load_dataset(sets[0], limit, data_dir)
     kw = knob_values(knobs)
     cfg = DecodeConfig.create("specguard", kw.pop("drafter", None), has_draft_model=True, **kw)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
-    from loosespec.eval.calibrate import format_analysis
+    from loosespec.eval.calibrate import calibrate_specguard, format_analysis
 
     steps_file = None if out is None else out.with_name(out.stem + ".steps.jsonl")
     try:
@@ -309,6 +336,53 @@ def calibrate(
         out.write_text(json.dumps(report, indent=1) + "\n")
         out.with_suffix(".md").write_text(format_analysis(report) + "\n")
     print(format_analysis(report))
+
+
+def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, target, draft, dtype, quantize,
+                   device, data_dir, out, kw) -> None:
+    """``calibrate --method fly`` (loosespec.eval.calibrate_fly)."""
+    from loosespec.decode.engine import Engine
+    from loosespec.decode.text import encode_prompt
+    from loosespec.eval import datasets as D
+    from loosespec.eval.calibrate_fly import calibrate_fly, format_report, grid
+
+    unused = sorted(n for n in kw if n not in ("max_new_tokens",) and kw[n] != knob_default(n))
+    if unused:
+        raise LoosespecError(f"calibrate --method fly does not use {', '.join('--' + n.replace('_', '-') for n in unused)}")
+    if confirm < 0:
+        raise LoosespecError(f"--confirm must be >= 0, got {confirm}")
+    if not 0.0 < min_retention <= 1.5:
+        raise LoosespecError(f"--min-retention must be in (0, 1.5], got {min_retention}")
+    settings = grid(_csv_numbers(theta, float, "--theta"), _csv_numbers(window, int, "--window"),
+                    _csv_numbers(k, int, "--k"), _csv_numbers(copy_guard, int, "--copy-guard"))
+    for s in settings:  # every setting checked by the configuration's own rules before anything loads
+        DecodeConfig.create("fly", "mla", has_draft_model=True, **s.knobs())
+    if not settings:
+        raise LoosespecError("the grid is empty: every --window must be smaller than some --k")
+    if draft in (None, "", "none"):
+        raise LoosespecError("calibrate --method fly drafts with MLA: it needs --draft")
+    problems, set_of = [], {}
+    for name in sets:
+        for p in D.load_dataset(name, limit, data_dir):
+            problems.append(p)
+            set_of[p.id] = name
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
+    runs = None if out is None else out.with_name(out.stem + ".runs.jsonl")
+    report = calibrate_fly(engine, problems, settings, max_new_tokens=kw.get("max_new_tokens", 256),
+                           encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
+                           scorer=lambda p, text: D.score(set_of[p.id], p, text), confirm=confirm,
+                           min_retention=min_retention, runs_file=runs, log=tqdm_write)
+    from loosespec.eval.harness import hardware, machine_label
+
+    report.update(command=" ".join(["loosespec"] + sys.argv[1:]), datasets=sets, limit=limit,
+                  target=target, draft=draft, precision=engine.precision, hardware=machine_label(hardware()))
+    text = format_report(report)
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        out.with_suffix(".md").write_text(text + "\n")
+    print(text)
 
 
 def _csv_numbers(text: Optional[str], kind: type, flag: str) -> Optional[tuple]:

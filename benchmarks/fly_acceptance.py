@@ -1,0 +1,102 @@
+"""FLy's default against exact verification's default, per category, and the acceptance checks of issue 41.
+
+Reads the two ``loosespec bench`` directories ``make bench-fly-default`` writes (Spec-Bench, 10 prompts
+from each of its six categories, and HumanEval's first 40; ``ar``, ``exact-mla`` and ``fly-mla`` with their
+defaults, in one run each) and prints a markdown report: per category tokens/s of each method, FLy's
+tokens/s over exact's, what ran (the share of rounds per draft level, rounds long enough to defer,
+deferrals) and, on HumanEval, accuracy retention against ``ar`` with lost and gained answers. Checks:
+FLy's tokens/s >= 1.10x exact's as a geometric mean over the seven categories; retention on HumanEval
+>= 0.97. Nothing here is measured: it only reads result files.
+
+    python benchmarks/fly_acceptance.py results/bench/fly-default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loosespec.eval.harness import machine_label  # noqa: E402
+
+EXACT, FLY = "exact-mla", "fly-mla"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def categories(root: Path) -> tuple[dict[str, dict], dict]:
+    """{category: {method: summary}} over every bench directory under ROOT, and the first row's hardware/config."""
+    cats, info = {}, {}
+    for d in sorted(p for p in root.iterdir() if (p / "summary.json").exists()):
+        summary = json.loads((d / "summary.json").read_text())
+        for cat, per in summary["categories"].items():
+            cats[cat] = per
+        if not info:
+            row = json.loads((d / "results.jsonl").read_text().splitlines()[0])
+            info = {"hardware": row.get("hardware"), "config": json.loads((d / "config.json").read_text())}
+    return cats, info
+
+
+def _levels(s: dict) -> str:
+    lv = s.get("draft_levels")
+    return " / ".join(f"{100 * lv[x]:.0f}%" for x in ("lookup", "model", "none")) if lv else "-"
+
+
+def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> tuple[str, bool]:
+    cats, info = categories(root)
+    if not cats:
+        raise SystemExit(f"no bench results under {root}")
+    hw, cfg = info.get("hardware") or {}, info.get("config", {})
+    out = [f"**FLy's default against exact's, on {machine_label(hw)}**", "",
+           f"Target {cfg.get('target')}, draft {cfg.get('draft')}, precision {cfg.get('dtype')}, greedy, every method "
+           "with its defaults (cost-aware draft length; FLy's calibrated preset). n = prompts; tok/s = new tokens / "
+           "wall time over the category; draft levels = share of rounds drafted by the lookup alone / the draft "
+           "model / not at all.", "",
+           "| category | n | ar tok/s | exact-mla tok/s | fly-mla (lossy) tok/s | fly / exact | fly identical to ar "
+           "| fly rounds that could defer | fly deferrals | exact draft levels | fly draft levels |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    ratios = []
+    for cat, per in cats.items():
+        e, f, a = per.get(EXACT), per.get(FLY), per.get("ar")
+        if not (e and f and a):
+            continue
+        r = f["tokens_per_s"] / e["tokens_per_s"] if e.get("tokens_per_s") and f.get("tokens_per_s") else None
+        ratios.append(r)
+        could = f.get("fly_deferrable_rounds")
+        rounds = f.get("level_rounds")
+        out.append(f"| {cat} | {f['prompts']} | {a['tokens_per_s']:.2f} | {e['tokens_per_s']:.2f} | "
+                   f"{f['tokens_per_s']:.2f} | {r:.3f}x | {f['identical_to_ar']:.2f} | "
+                   + (f"{could} of {rounds}" if could is not None and rounds else "-")
+                   + f" | {f.get('fly_deferred', '-')} | {_levels(e)} | {_levels(f)} |")
+    ratio = geomean(ratios)
+    checks = [(f"FLy's default >= {min_ratio:.2f}x exact's default in tokens/s, geometric mean over the "
+               f"{len(ratios)} categories ({ratio:.3f}x)", ratio is not None and ratio >= min_ratio)]
+    he = cats.get("humaneval", {}).get(FLY)
+    if he and he.get("recovery") is not None:
+        checks.append((f"FLy's default keeps >= {min_retention:.2f} of ar's accuracy on HumanEval's first "
+                       f"{he['scored']} (retention {he['recovery']:.3f}: {he['ar_right_method_wrong']} lost, "
+                       f"{he['ar_wrong_method_right']} gained; accuracy {he['accuracy']:.3f} vs ar "
+                       f"{he['ar_accuracy']:.3f}, McNemar p {he['mcnemar_p']:.3g})", he["recovery"] >= min_retention))
+    out += ["", "**Checks**", ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
+    return "\n".join(out), all(ok for _, ok in checks)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", type=Path)
+    args = ap.parse_args(argv)
+    text, _ = report(args.root)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
