@@ -7,7 +7,7 @@ directories under DIR (one per dataset and draft model); ``<!-- cpu DIR -->`` ..
 holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) and
 ``<!-- precision A B -->`` .. ``<!-- end precision -->`` ``benchmarks/precision_accuracy.py A B``
 (``ar`` in two precisions), ``<!-- calibration FILE -->`` .. ``<!-- end calibration -->`` the table of
-``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults), ``<!-- retention DIR... -->`` ..
+``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults; FLy's confirmed settings and screen), ``<!-- retention DIR... -->`` ..
 ``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories (in these two,
 ``A+B+C`` without spaces reads runs of one set under several seeds as one) and
 ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
@@ -39,11 +39,16 @@ CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibrat
 
 
 def calibration_table(path: Path) -> str:
-    """``loosespec calibrate``'s table, re-analysed from the step records in its JSON (not its stored
-    analysis): a change to the analysis or to the records shows here."""
+    """``loosespec calibrate``'s table: SpecGuard's re-analysed from the step records in its JSON (not its stored
+    analysis), so a change to the analysis or to the records shows here; FLy's (a report with a screen and
+    confirmed settings) as ``loosespec calibrate --method fly`` prints it."""
     from loosespec.eval.calibrate import analyse_report, format_analysis
 
     rep = json.loads(path.read_text(encoding="utf-8"))
+    if "confirmed" in rep:
+        from loosespec.eval.calibrate_fly import format_report
+
+        return format_report(rep)
     rep["analysis"] = analyse_report(rep)
     return format_analysis(rep)
 

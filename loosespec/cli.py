@@ -269,7 +269,8 @@ def calibrate(
     window: str = typer.Option("2,3,5,8", help="fly: windows to try, positions after the mismatch (comma list)."),
     k: str = typer.Option("15", help="fly: draft lengths K to try (comma list); the baseline drafts the largest."),
     copy_guard: str = typer.Option("0,4", help="fly: copy guard lengths to try (comma list; 0 = off)."),
-    confirm: int = typer.Option(3, help="fly: at most this many settings of the screen's frontier run for real."),
+    confirm: int = typer.Option(3, help="fly: at most this many settings of the screen's frontier run for real "
+                                "(a bisection: 3 resolves a frontier of up to 15)."),
     min_retention: float = typer.Option(0.99, help="fly: the accuracy retention the chosen setting must keep."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (SpecGuard drafts steps with it; FLy drafts with MLA)."),
@@ -292,8 +293,9 @@ def calibrate(
 
     fly: theta, W, K and the copy guard for this model pair: a baseline trace (exact verification,
     the largest K every round: the target's own output), every setting of the grid screened on it
-    offline, then the real pipeline on the screen's frontier until a setting loses accuracy; the
-    fastest setting that keeps --min-retention of the baseline's accuracy is chosen. Wall-clock
+    offline, then the real pipeline on settings of the screen's frontier, bisected for the loosest that
+    keeps --min-retention of the baseline's accuracy; the fastest confirmed setting that keeps it is
+    chosen. Wall-clock
     tokens/s: run it on a quiet machine.
 
     With --out, per-problem records are written as each problem finishes: rerun to resume, or with a

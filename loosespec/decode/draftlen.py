@@ -17,9 +17,13 @@ plain target step, the rate of autoregressive decoding) is always a candidate, s
 never *chooses* to be slower than ``ar``: where no k pays, it verifies none.
 
 The estimate lives with the drafter (:class:`CostAwareDrafter`), which learns each round's
-outcome through ``feedback(drafted, accepted)`` (as transformers' ``update_candidate_strategy``).
-A drafter with levels (MLA: the free n-gram lookup, then the draft model) keeps one estimate per
-level and each round picks the level and the length together, or no draft.
+outcome through ``feedback(drafted, accepted, first_miss)`` (as transformers'
+``update_candidate_strategy``). A drafter with levels (MLA: the free n-gram lookup, then the draft
+model) keeps one estimate per level and each round picks the level and the length together, or no
+draft. A draft model that has not read the latest committed tokens (rounds another level drafted)
+must catch up first (:func:`catch_up_s`): that cost is charged to the choice spread over
+:data:`CATCH_UP_ROUNDS` rounds and kept out of its per-token cost, as its first read of the prompt
+is (``CachedLM.modelled_prefill_s``).
 Counts decay by ``decay`` per round, towards the prior, so a drafter that stopped paying is
 tried again after a while: that exploration is the only time the policy drafts where its current
 estimate says it does not pay.

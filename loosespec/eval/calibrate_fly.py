@@ -17,9 +17,10 @@ A full grid (settings x problems, each setting a full generation) costs many hou
    deferral changes what follows, which the replay does not see; it ranks settings, it decides nothing.
 3. **Confirm**: the real pipeline (method fly, MLA, the cost-aware draft length) on every problem, for
    exact verification's default (the speed to beat) and for candidates taken from the screen's frontier
-   (most gain for the fewest touched problems), from the least touching up, until one falls below the
-   retention bound or ``--confirm`` have run: wall tokens/s, retention (accuracy / baseline accuracy)
-   with a 95% bootstrap interval over problems, answers lost and gained, deferrals, draft levels.
+   (most gain for the fewest touched problems), by bisection (:func:`search_order`: the middle first, then
+   looser where it kept the bound, stricter where it did not) until ``--confirm`` have run: wall tokens/s,
+   retention (accuracy / baseline accuracy) with a 95% bootstrap interval over problems, answers lost and
+   gained, deferrals, draft levels.
 4. **Choose** the confirmed setting with the most tokens/s among those whose retention is at least the
    bound (the point estimate; the interval is reported beside it). None qualifying is reported as such.
 
@@ -187,6 +188,21 @@ def frontier(screened: Sequence[dict], min_gain: float = 1.0) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
+def search_order(front: Sequence[dict], confirm: int, passed):
+    """The frontier's settings to confirm, in order: a bisection for the loosest that keeps the bound, assuming
+    that a setting touching more problems loses more (the frontier is ordered so). Yields a row, then reads
+    ``passed(row)`` (after its run) to go looser or stricter; at most ``confirm`` rows."""
+    lo, hi, n = 0, len(front) - 1, 0
+    while lo <= hi and n < confirm:
+        mid = (lo + hi) // 2
+        yield front[mid]
+        n += 1
+        if passed(front[mid]):
+            lo = mid + 1
+        else:
+            hi = mid - 1
+
+
 def confirm_config(setting: FlySetting | None, max_new_tokens: int) -> DecodeConfig:
     """The real pipeline for a setting (FLy, MLA, cost-aware length), or exact verification's defaults (None)."""
     if setting is None:
@@ -297,13 +313,11 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
                  "confirm: exact-mla (defaults)")
     confirmed[EXACT] = summarize_run(exact, base, min_retention)
     by_name = {s.name: s for s in settings}
-    for row in front[:confirm]:
+    for row in search_order(front, confirm, lambda row: confirmed[row["name"]]["meets_bound"]):
         s = by_name[row["name"]]
         recs = each(s.name, lambda ids, s=s: run_record(engine, ids, confirm_config(s, max_new_tokens)),
                     f"confirm: {s.name}")
         confirmed[s.name] = {**summarize_run(recs, base, min_retention), "screen": row}
-        if not confirmed[s.name]["meets_bound"]:
-            break  # looser settings touch more problems: stop at the first that loses accuracy
     chosen = choose(confirmed)
     return {"problems": [p.id for p in problems], "max_new_tokens": max_new_tokens, "min_retention": min_retention,
             "baseline": {"method": "exact", "drafter": "mla", "num_draft_tokens": k_max, "adaptive_draft_length": False,

@@ -54,6 +54,17 @@ def test_screen_gain_deferrals_touched_and_the_frontier():
     assert guarded["deferrals"] == 0  # the kept 7 8 9 copies the prompt of a
 
 
+def test_search_order_bisects_the_frontier():
+    from loosespec.eval.calibrate_fly import search_order
+
+    front = [{"name": str(i)} for i in range(15)]
+    keeps = lambda limit: (lambda row: int(row["name"]) <= limit)  # noqa: E731  settings up to `limit` keep the bound
+    assert [r["name"] for r in search_order(front, 3, keeps(9))] == ["7", "11", "9"]
+    assert [r["name"] for r in search_order(front, 3, keeps(2))] == ["7", "3", "1"]
+    assert [r["name"] for r in search_order(front, 10, keeps(14))] == ["7", "11", "13", "14"]
+    assert list(search_order([], 3, keeps(0))) == []
+
+
 def _rec(score, tokens=10, wall=1.0, **stats):
     return {"score": score, "token_ids": list(range(tokens)), "wall_s": wall, "stats": stats}
 
