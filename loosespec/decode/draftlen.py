@@ -127,8 +127,9 @@ GATE_PRIOR_MEAN = 0.5
 LOOSE_PRIOR_WEIGHT = 1.0
 LOOSE_DECAY = 0.99
 # while fewer than this many (decayed) rounds have shown whether a deferrable mismatch is kept, every EXPLORE_EVERY-th
-# round prices deferrals as if every open gate were kept (see the module docstring). Where windows do not survive,
-# that is about one round in 40 (two failures, then 40 rounds of fading back below 2)
+# round prices deferrals as if every open gate were kept (see the module docstring). An exploration round counts
+# towards that evidence whatever it showed, so where deferrals do not come, exploring settles at about one round in
+# 40 (each adds 1, which fades back below 2 in about 40 rounds)
 EXPLORE_EVIDENCE = 2.0
 EXPLORE_EVERY = 8
 # a draft model's catch-up on tokens it has not read (catch_up_s) is charged to a round's choice over this many rounds
@@ -150,6 +151,7 @@ class LoosePrices:
         self.prior_weight = prior_weight
         self.gate = [0.0, 0.0]  # [open, seen]
         self.kept = [0.0, 0.0]  # [kept, deferrable with the gate open]
+        self.explored = 0.0  # exploration rounds (decayed), whatever they showed
         self._bounds: dict[int, list[bool]] = {0: []}
 
     def deferrable(self, k: int) -> list[bool]:
@@ -167,14 +169,18 @@ class LoosePrices:
         return (self.kept[0] + prior * self.prior_weight) / (self.kept[1] + self.prior_weight)
 
     def thin(self) -> bool:
-        """Whether ``s`` still rests on little evidence (exploration rounds price it optimistically)."""
-        return self.kept[1] < EXPLORE_EVIDENCE
+        """Whether ``s`` still rests on little evidence (exploration rounds price it optimistically). An exploration
+        round counts as evidence whatever it showed: one whose first rejection fell where the window could not fit,
+        or where the gate was shut, says deferrals are rare here, and exploring on would only cost long drafts."""
+        return self.kept[1] + self.explored < EXPLORE_EVIDENCE
 
-    def update(self, miss) -> None:
-        """One round's first native rejection (:class:`~loosespec.verify.types.FirstMiss`, None: none)."""
+    def update(self, miss, explored: bool = False) -> None:
+        """One round's first native rejection (:class:`~loosespec.verify.types.FirstMiss`, None: none);
+        ``explored``: the round was an exploration."""
         for c in (self.gate, self.kept):
             c[0] *= self.decay
             c[1] *= self.decay
+        self.explored = self.explored * self.decay + explored
         if miss is None:
             return
         self.gate[0] += miss.gate_open
@@ -275,15 +281,17 @@ class DraftLengthPolicy:
                 best_k, best = k, r
         return best_k, best
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None, first_miss=None) -> None:
+    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None, first_miss=None,
+                loose: bool = True) -> None:
         """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted; ``first_miss``: a loose
         rule's account of the first native rejection (:class:`~loosespec.verify.types.FirstMiss`), whose
-        position is the native (exact-match) prefix the acceptance estimate learns from."""
+        position is the native (exact-match) prefix the acceptance estimate learns from. ``loose``: also update
+        the loose rule's estimate (a :class:`CostAwareDrafter` whose levels share one does that itself, once)."""
         self.rounds += 1
         native = first_miss.position if first_miss is not None else accepted
         self.estimate.update(drafted, native)
-        if self.loose is not None:
-            self.loose.update(first_miss if drafted else None)
+        if loose and self.loose is not None:
+            self.loose.update(first_miss if drafted else None, bool(drafted) and self.explored)
         if drafted and draft_seconds is not None:
             a = self.draft_cost_decay
             self.draft_token_cost = a * self.draft_token_cost + (1 - a) * draft_seconds / drafted
@@ -366,6 +374,10 @@ class CostAwareDrafter:
         first native rejection (:class:`~loosespec.verify.types.FirstMiss`)."""
         for level in self.levels:
             if level is self.level:
-                level.policy.observe(drafted, accepted, self._draft_s, first_miss)
+                level.policy.observe(drafted, accepted, self._draft_s, first_miss, loose=False)
             else:
-                level.policy.observe(0, 0)  # no evidence: older evidence fades, so the level is tried again
+                level.policy.observe(0, 0, loose=False)  # no evidence: older evidence fades, so it is tried again
+        # a loose rule's estimate, once per round even where the levels share it
+        for loose in {id(lv.policy.loose): lv.policy.loose for lv in self.levels if lv.policy.loose is not None}.values():
+            mine = self.level is not None and loose is self.level.policy.loose
+            loose.update(first_miss if mine and drafted else None, mine and bool(drafted) and self.level.policy.explored)

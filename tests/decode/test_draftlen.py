@@ -202,7 +202,26 @@ def test_exploration_rounds_are_counted():
         d.feedback(len(draft), 1)  # an exact-looking round: no first miss reported, nothing learnt of the window
     explored = [e for e in events if e.get("rounds_explore")]
     assert 1 <= len(explored) <= 2 and all(e.get("rounds_lookup") for e in explored)
-    assert SimpleNamespace  # (imported for the level's lm elsewhere)
+    assert policy.loose.explored == pytest.approx(sum(0.99 ** (15 - i) for i, e in enumerate(events)
+                                                      if e.get("rounds_explore")))
+
+
+def test_levels_sharing_one_loose_estimate_update_it_once_per_round():
+    """MLA's two levels share FLy's estimate: one round decays and feeds it once, not once per level."""
+    from types import SimpleNamespace
+
+    from loosespec.decode.draftlen import CostAwareDrafter, Level, LoosePrices
+    from loosespec.verify.types import FirstMiss
+
+    shared = LoosePrices(W, "window", K)
+    lm = SimpleNamespace(modelled_s=0.0, ids=torch.empty(0, dtype=torch.long), cost=None)
+    d = CostAwareDrafter([Level("lookup", FakeDrafter("ngram", list(range(K))), DraftLengthPolicy(INT8, 0.0, K, loose=shared)),
+                          Level("model", FakeDrafter("mla", list(range(K)), lm), DraftLengthPolicy(INT8, 0.04, K, loose=shared), lm)])
+    for _ in range(3):
+        draft = d.propose(torch.tensor([1, 2, 3]), K)
+        d.feedback(len(draft), 1, FirstMiss(1, True, True, False))
+    assert shared.gate[1] == pytest.approx(1 + 0.99 + 0.99 ** 2)  # three observations, decayed once per round
+    assert shared.kept == [0.0, pytest.approx(1 + 0.99 + 0.99 ** 2)]
 
 
 # --- end to end on the tiny pair, curves injected so the test does not depend on this machine's speed ---
