@@ -61,7 +61,7 @@ FLY_NUM_DRAFT_TOKENS = 15  # FLy's K in the paper and the official code, whateve
 #   --method fly: problems no benchmark reads; results/calibration/fly.md), the fastest setting that kept >= 99% of
 #   ar's accuracy there; tests/eval/test_calibrate_fly.py checks these equal its choice. Recalibrate for your pair.
 FLY_PRESETS = {
-    "calibrated": {"fly_entropy_threshold": 0.3, "fly_window_size": 5, "fly_boundary": "window", "fly_copy_guard": 0,
+    "calibrated": {"fly_entropy_threshold": 0.9, "fly_window_size": 5, "fly_boundary": "window", "fly_copy_guard": 0,
                    "num_draft_tokens": 15, "adaptive_draft_length": True},
     "paper": {"fly_entropy_threshold": 0.3, "fly_window_size": 5, "fly_boundary": "official", "fly_copy_guard": 0,
               "num_draft_tokens": FLY_NUM_DRAFT_TOKENS, "adaptive_draft_length": False},

@@ -41,6 +41,10 @@ import torch
 
 from loosespec.config import DecodeConfig
 
+# One process start = one sitting. Rows timed in different sittings differ by several percent for the same work on
+# the same kind of machine, so every record says which sitting timed it and the report says when a comparison spans
+# several.
+SITTING = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 RETENTION = 0.99  # the bound the chosen setting keeps (FLy's claim: >= 99% of the target's accuracy)
 BASELINE = "baseline"  # exact verification, K every round: the target's own output, traced
 EXACT = "exact-default"  # exact verification with its defaults: the speed FLy has to beat
@@ -246,6 +250,7 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
             "rounds": sum(records[p]["stats"].get("rounds", 0) for p in ids),
             "draft_levels": {lv: round(c / total, 3) for lv, c in levels.items()} if total else None,
             "explore_rounds": sum(records[p]["stats"].get("rounds_explore", 0) for p in ids),
+            "sittings": sorted({records[p].get("sitting") or "unrecorded" for p in ids}),
             "meets_bound": retention is not None and retention >= min_retention}
 
 
@@ -299,7 +304,7 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
         todo = [p for p in problems if runs.get(setting_name, p.id) is None]
         for p in tqdm(todo, desc=desc, unit="problem", disable=not progress or not todo, dynamic_ncols=True):
             rec = make(prompts[p.id])
-            rec.update(setting=setting_name, problem=p.id, score=scorer(p, rec["text"]))
+            rec.update(setting=setting_name, problem=p.id, score=scorer(p, rec["text"]), sitting=SITTING)
             runs.add(rec)
             say(f"{p.id:24} {setting_name:44} {len(rec['token_ids']):4d} tok {rec['wall_s']:8.2f} s "
                 f"{'right' if rec['score'] else 'wrong'}")
@@ -345,6 +350,12 @@ def format_report(report: dict) -> str:
             + f" | {s['lost']} | {s['gained']} | {s['deferrals']} | {s['deferrable_rounds']} of {s['rounds']} | "
             + " / ".join(f"{100 * lv.get(x, 0):.0f}%" for x in ("lookup", "model", "none")) + f" | "
             f"{s['identical']} of {s['problems']} |")
+    sittings = sorted({x for s in report["confirmed"].values() for x in s.get("sittings", ["unrecorded"])})
+    if len(sittings) > 1 or sittings == ["unrecorded"]:
+        lines += ["", "Timed in " + (f"{len(sittings)} sittings ({', '.join(sittings)})" if "unrecorded" not in sittings
+                                     else "sittings not all recorded (rows written before 2026-12-04 do not say)")
+                  + ": rows of different sittings differ by several percent for the same work, so a tokens/s "
+                  "difference of that size between them decides nothing."]
     lines += ["", "Screen (first order, on the baseline's rounds; the frontier: most gain for fewest touched problems):",
               "", "| setting | gain in tokens per round | deferrals | problems touched | on the frontier |",
               "| --- | ---: | ---: | ---: | --- |"]

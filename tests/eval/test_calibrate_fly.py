@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from loosespec.config import FLY_PRESETS
-from loosespec.eval.calibrate_fly import (BASELINE, EXACT, FlySetting, RunsFile, calibrate_fly, choose, format_report,
+from loosespec.eval.calibrate_fly import (BASELINE, EXACT, SITTING, FlySetting, RunsFile, calibrate_fly, choose, format_report,
                                           frontier, grid, replay_round, screen, summarize_run)
 from loosespec.eval.datasets import Problem
 
@@ -84,6 +84,21 @@ def test_summarize_run_and_choose():
     assert choose({EXACT: summarize_run(base, base), "fast": a}) is None  # exact is the reference, never the choice
 
 
+def test_report_says_when_its_rows_span_sittings():
+    """tokens/s of rows timed in different process starts are not comparable to a few percent: the table says so."""
+    base = {p: _rec(True) for p in "ab"}
+    one = {p: {**_rec(True), "sitting": "2026-12-04T10:00:00Z"} for p in "ab"}
+    other = {p: {**_rec(True), "sitting": "2026-12-04T20:00:00Z"} for p in "ab"}
+    report = {"problems": ["a", "b"], "max_new_tokens": 8, "min_retention": 0.99, "screen": [], "frontier": [],
+              "baseline": {"num_draft_tokens": 15, "accuracy": 1.0}, "chosen": None,
+              "confirmed": {EXACT: summarize_run(one, base), "x": summarize_run(one, base)}}
+    assert "sittings" not in format_report(report)
+    report["confirmed"]["y"] = summarize_run(other, base)
+    assert "Timed in 2 sittings (2026-12-04T10:00:00Z, 2026-12-04T20:00:00Z)" in format_report(report)
+    report["confirmed"]["z"] = summarize_run(base, base)  # rows from before sittings were recorded
+    assert "sittings not all recorded" in format_report(report)
+
+
 def test_runs_file_resumes_and_survives_a_torn_line(tmp_path):
     path = tmp_path / "fly.runs.jsonl"
     runs = RunsFile(path)
@@ -113,7 +128,9 @@ def test_calibrate_fly_end_to_end_on_the_tiny_pair(tiny_engine, tmp_path):
     assert all(len(r["draft"]) == len(r["match"]) == len(r["entropy"]) for b in base.values() for r in b["rounds"])
     assert len(report["screen"]) == 4 and EXACT in report["confirmed"]
     assert set(report["confirmed"]) - {EXACT} <= set(report["frontier"])
-    assert "| setting | tok/s |" in format_report(report)
+    text = format_report(report)
+    assert "| setting | tok/s |" in text and "sittings" not in text  # all timed in this one sitting
+    assert {r["sitting"] for r in RunsFile(runs).rows.values()} == {SITTING}
     lines = runs.read_text().count("\n")
     calibrate_fly(tiny_engine, problems, settings, max_new_tokens=24, encode=encode, scorer=scorer, confirm=2,
                   runs_file=runs, progress=False)
