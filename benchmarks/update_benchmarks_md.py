@@ -10,7 +10,8 @@ holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) a
 ``loosespec calibrate``'s JSON (SpecGuard's signals and the chosen defaults; FLy's confirmed settings and screen), ``<!-- retention DIR... -->`` ..
 ``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories (in these two,
 ``A+B+C`` without spaces reads runs of one set under several seeds as one) and
-``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
+``<!-- fly-default DIR -->`` .. ``<!-- end fly-default -->`` ``benchmarks/fly_acceptance.py DIR`` (FLy's default
+against exact's, per category, and issue 41's checks), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
 method's outputs open and end (``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
@@ -36,6 +37,7 @@ PRECISION = re.compile(r"(<!-- precision (\S+) (\S+) -->\n)(.*?)(<!-- end precis
 RETENTION = re.compile(r"(<!-- retention ([^>]+?) -->\n)(.*?)(<!-- end retention -->)", re.DOTALL)
 FAILURES = re.compile(r"(<!-- failures ([^>]+?) -->\n)(.*?)(<!-- end failures -->)", re.DOTALL)
 CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibration -->)", re.DOTALL)
+FLY_DEFAULT = re.compile(r"(<!-- fly-default (\S+) -->\n)(.*?)(<!-- end fly-default -->)", re.DOTALL)
 
 
 def calibration_table(path: Path) -> str:
@@ -86,6 +88,7 @@ def drafts_table(root: Path) -> str:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_acceptance import report as cpu_report  # noqa: E402
+from fly_acceptance import report as fly_default_report  # noqa: E402
 from precision_accuracy import compare  # noqa: E402
 
 
@@ -99,6 +102,10 @@ def render(md: str) -> str:
 
     def cpu(m: re.Match) -> str:  # per-category speed and the acceptance checks (benchmarks/cpu_acceptance.py)
         text, _ = cpu_report(ROOT / m.group(2))
+        return m.group(1) + "\n" + text.strip() + "\n\n" + m.group(4)
+
+    def fly_default(m: re.Match) -> str:  # FLy's default against exact's (benchmarks/fly_acceptance.py)
+        text, _ = fly_default_report(ROOT / m.group(2))
         return m.group(1) + "\n" + text.strip() + "\n\n" + m.group(4)
 
     def precision(m: re.Match) -> str:  # ar in two precisions (benchmarks/precision_accuracy.py)
@@ -122,7 +129,7 @@ def render(md: str) -> str:
 
     md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
-    return CALIBRATION.sub(calibration, md)
+    return FLY_DEFAULT.sub(fly_default, CALIBRATION.sub(calibration, md))
 
 
 def main(argv=None) -> int:

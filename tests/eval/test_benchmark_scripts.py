@@ -102,3 +102,50 @@ def test_gpu_smoke_runs_its_cpu_sections_and_writes_one_summary(tmp_path):
     assert s["models"]["ok"] is False and "prepare" in s["models"]["error"]
     assert s["vllm_rule"]["ok"] and s["vllm_rule"]["greedy_equal_to_cpu"] and s["vllm_rule"]["requests"] == 64
     assert summary["failed_sections"] == ["models"] and proc.returncode == 1
+
+
+def write_fly_set(d: Path, categories: dict, rows: list):
+    """A bench directory as fly_acceptance.py reads it: summary per category, config, rows."""
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"methods": {}, "categories": categories}))
+    (d / "config.json").write_text(json.dumps({"target": "t", "draft": "d", "dtype": "int8"}))
+    hw = {"cpu": "Test CPU", "cpu_flags": ["avx2"], "threads": 2}
+    (d / "results.jsonl").write_text("\n".join(json.dumps({**r, "hardware": hw}) for r in rows) + "\n")
+
+
+def fly_cat(n, ar, exact, fly, **extra):
+    base = {"prompts": n, "identical_to_ar": 1.0, "draft_levels": {"lookup": 0.5, "model": 0.4, "none": 0.1}}
+    return {"ar": {**base, "tokens_per_s": ar}, "exact-mla": {**base, "tokens_per_s": exact},
+            "fly-mla": {**base, "tokens_per_s": fly, "identical_to_ar": 0.5, "fly_deferrable_rounds": 30,
+                        "level_rounds": 100, "fly_deferred": 4, **extra}}
+
+
+def test_fly_acceptance_checks_speed_retention_and_size(tmp_path):
+    from fly_acceptance import report as fly_report
+
+    cats = {f"c{i}": fly_cat(10, 4.0, 5.0, 6.0) for i in range(6)}
+    write_fly_set(tmp_path / "specbench", cats, [{"method": "ar", "category": "c0"}])
+    he_rows = ([{"method": "ar", "category": "humaneval", "question_id": f"q{i}", "score": i < 20} for i in range(40)]
+               + [{"method": "fly-mla", "category": "humaneval", "question_id": f"q{i}", "score": i < 20}
+                  for i in range(40)])
+    he = fly_cat(40, 4.0, 5.0, 6.0, scored=40, recovery=1.0, ar_right_method_wrong=0, ar_wrong_method_right=0,
+                 accuracy=0.5, ar_accuracy=0.5, mcnemar_p=1.0)
+    write_fly_set(tmp_path / "humaneval", {"humaneval": he}, he_rows)
+    text, ok = fly_report(tmp_path)
+    assert ok, text
+    assert "PASS: FLy's default >= 1.10x exact's default in tokens/s, geometric mean over the 7 categories (1.200x)" \
+           in text
+    assert "retention 1.000, 95% interval 1.00-1.00: 0 lost, 0 gained" in text and "partial" not in text
+    assert "| c0 | 10 | 4.00 | 5.00 | 6.00 | 1.200x | 0.50 | 30 of 100 | 4 | 50% / 40% / 10% |" in text
+
+    # too slow in one category drags the geometric mean below the bar
+    cats["c0"] = fly_cat(10, 4.0, 5.0, 2.0)
+    (tmp_path / "specbench" / "summary.json").write_text(json.dumps({"methods": {}, "categories": cats}))
+    text, ok = fly_report(tmp_path)
+    assert not ok and "FAIL: FLy's default >= 1.10x" in text
+
+    # a partial run decides nothing, even when every check passes
+    small = {f"c{i}": fly_cat(2, 4.0, 5.0, 6.0) for i in range(6)}
+    (tmp_path / "specbench" / "summary.json").write_text(json.dumps({"methods": {}, "categories": small}))
+    text, ok = fly_report(tmp_path)
+    assert not ok and "partial run: 12 of the issue's 60 Spec-Bench prompts and 40 of its 40" in text

@@ -310,6 +310,30 @@ def _quoted_figures() -> list[tuple[str, str]]:
             f"{f(xtok['mtbench', qwen]['exact-model']['speedup'])}x, Gemma "
             f"{f(xtok['humaneval', gemma]['exact-model']['speedup'])}x and "
             f"{f(xtok['mtbench', gemma]['exact-model']['speedup'])}x"),
+    ] + _fly_calibration_sentences(B)
+
+
+def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
+    """BENCHMARKS.md "FLy's calibration": the screen's and the confirmed rows' figures from results/calibration/fly.json."""
+    import json
+
+    rep = json.loads((ROOT / "results/calibration/fly.json").read_text())
+    screen = {r["name"]: r for r in rep["screen"]}
+    top = max(rep["screen"], key=lambda r: r["gain"])
+    paper = screen["theta=0.3,W=5,K=15,guard=0"]
+    first = next(n for n in rep["confirmed"] if n != "exact-default")
+    c, ch = rep["confirmed"][first], rep["confirmed"][rep["chosen"]["name"]]
+    exact = rep["confirmed"]["exact-default"]["tokens_per_s"]
+    return [
+        (B, f"at most {top['gain']:.2f}x exact verification's tokens per round ({top['name']}), touching "
+            f"{top['touched']} of {top['problems']} problems; at the published theta and W ({paper['name']}), "
+            f"{paper['gain']:.2f}x, touching {paper['touched']} of {paper['problems']}"),
+        (B, f"the first setting tried ({first}) lost {c['lost']} answer and gained {c['gained']} (retention "
+            f"{c['retention']:.2f}), so the bisection went " + ("stricter" if not c["meets_bound"] else "looser")),
+        (B, f"the chosen {rep['chosen']['name']} lost {ch['lost']} and gained {ch['gained']}"),
+        (B, f"the chosen setting deferred {ch['deferrals']} times in {ch['rounds']} rounds ({ch['deferrable_rounds']} "
+            "long enough to defer)"),
+        (B, f"rests on {ch['tokens_per_s'] / exact:.3f}x exact's tokens/s"),
     ]
 
 
