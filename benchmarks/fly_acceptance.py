@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loosespec.eval.harness import bootstrap_ratio, machine_label  # noqa: E402
+from loosespec.eval.harness import machine_label  # noqa: E402
 
 EXACT, FLY = "exact-mla", "fly-mla"
 FULL_SPECBENCH, FULL_HUMANEVAL = 60, 40  # the issue's sizes: Spec-Bench 10 x 6, HumanEval's first 40
@@ -100,14 +100,14 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
 
 
 def he_recovery_ci(root: Path):
-    """95% bootstrap interval of FLy's retention against ar on HumanEval, over the problems both scored."""
-    rows = [json.loads(x) for d in root.iterdir() if (d / "results.jsonl").exists()
-            for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("category") == "humaneval" and r.get("score") is not None]
-    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
-    fly = [r for r in rows if r["method"] == FLY and r["question_id"] in ar]
-    return bootstrap_ratio([float(bool(r["score"])) for r in fly], [float(bool(ar[r["question_id"]]["score"]))
-                                                                     for r in fly])
+    """FLy's retention interval against ar on HumanEval: the project's own (``loosespec.eval.failures.retention``,
+    as in BENCHMARKS.md's retention tables), from the bench directory whose results are HumanEval's."""
+    from loosespec.eval.failures import retention
+
+    for d in sorted(p for p in root.iterdir() if (p / "summary.json").exists()):
+        if "humaneval" in json.loads((d / "summary.json").read_text()).get("categories", {}):
+            return retention(d).get(FLY, {}).get("recovery_ci95")
+    return None
 
 
 def _f(v, spec):
