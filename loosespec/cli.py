@@ -38,9 +38,20 @@ _COMPILE_HELP = ("torch.compile the draft steps and verifies on the static cache
                  "graphs on a GPU). Off by default: compiling costs minutes on a CPU, and GPUs are yet to be measured "
                  "(docs/gpu.md)")
 _MAX_CACHE_HELP = "Positions of the static cache: at least prompt + new tokens + 32 (--cache-implementation static)."
-_QUANTIZE_HELP = ("auto | none | int8. int8: Linear layers in int8 (weights per channel, activations per token; "
-                  "lossless methods stay equal to ar within it), CPU only; auto: int8 where --dtype auto finds no "
-                  "bfloat16 arithmetic on the CPU")
+_QUANTIZE_HELP = ("auto | none | int8 | int4. int8: Linear layers in int8 (weights per channel, activations per "
+                  "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
+                  "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
+                  "no SpecGuard; auto: int4 for a GGUF model where llama-cpp-python is installed, else int8 where "
+                  "--dtype auto finds no bfloat16 arithmetic on the CPU")
+
+_DRAFT_QUANTIZE_HELP = ("auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
+                        "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "
+                        "installed (a draft only proposes: its rounding cannot change what the target accepts), "
+                        "else as the target")
+
+
+def _draft_quantize_option():
+    return typer.Option("auto", "--draft-quantize", help=_DRAFT_QUANTIZE_HELP)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +187,7 @@ def generate(
                               f"for the default target, none for other targets."),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
+    draft_quantize: str = _draft_quantize_option(),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
@@ -205,7 +217,8 @@ def generate(
     if draft_spec is None and cfg.drafter in ("model", "mla"):  # fail before loading anything
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize,
-                         cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len)
+                         cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
+                         draft_quantize=draft_quantize)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -223,6 +236,9 @@ def generate(
         if engine.target.precision is not None:
             p = engine.target.precision
             print(f"precision: {p.name} ({p.reason})", file=sys.stderr)
+        d = engine.draft.precision if engine.draft is not None else None
+        if d is not None and d != engine.target.precision:
+            print(f"draft precision: {d.name} ({d.reason})", file=sys.stderr)
         print(_summary(label, out["stats"]), file=sys.stderr)
     if compare_ar:
         ar = engine.generate(text, dataclasses.replace(cfg, method="ar", drafter=None), raw=raw)
@@ -409,7 +425,8 @@ def bench(
                                 help="Comma list of <method>-<drafter> (ar, exact-ngram, exact-model, exact-mla, "
                                      "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
                                      "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
-                                     "and vLLM (make vllm) vllm-ar, vllm-ngram, vllm-draft, vllm-fly, "
+                                     "llama.cpp (make peers) llamacpp-ar, llamacpp-pld, llamacpp-spec (its server's "
+                                     "speculative decoding with the draft model), and vLLM (make vllm) vllm-ar, vllm-ngram, vllm-draft, vllm-fly, "
                                      "vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
                                      "the vllm-* methods when listed). A loosespec method with knobs set is "
                                      "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6."),
@@ -417,6 +434,7 @@ def bench(
     draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
+    draft_quantize: str = _draft_quantize_option(),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     cache_implementation: str = typer.Option("dynamic", help=_CACHE_HELP),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
@@ -491,9 +509,16 @@ def bench(
 
     resolved = str(pick_device(device))
     from loosespec.hardware import resolve_precision
+    from loosespec.models import has_gguf
 
-    precision = resolve_precision(dtype, quantize, pick_device(device))
+    from loosespec.decode.engine import draft_quantize_for
+
+    precision = resolve_precision(dtype, quantize, pick_device(device), gguf=has_gguf(target))
+    draft_precision = None if draft_spec is None else resolve_precision(
+        dtype, draft_quantize_for(quantize, draft_quantize), pick_device(device), gguf=has_gguf(draft_spec),
+        role="draft").name
     config = B.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
+                          draft_dtype=draft_precision,
                           adaptive_draft_length=adaptive_draft_length,
                           options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -516,7 +541,8 @@ def bench(
         from loosespec.decode.text import encode_prompt
 
         engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize,
-                             cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len)
+                             cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
+                             draft_quantize=draft_quantize)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
@@ -605,6 +631,7 @@ def serve(
                               f"for the default target, none for other targets."),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
+    draft_quantize: str = _draft_quantize_option(),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     host: str = typer.Option("127.0.0.1", help="Address to bind; the default answers this machine only. "
                              "0.0.0.0 exposes the server to the network (use --api-key)."),
@@ -662,7 +689,8 @@ def serve(
     if draft_spec is None and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
         raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
                              "pass --draft")
-    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, quantize=quantize)
+    engine = Engine.load(target, draft_spec, dtype=dtype, device=device, quantize=quantize,
+                         draft_quantize=draft_quantize)
     name = served_model_name or target
     settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
                               max_queue=max_queue, max_tokens_default=max_tokens_default)
@@ -743,13 +771,15 @@ def models_cost(
     and cached in $LOOSESPEC_CACHE/costs. Speculation pays where c(k+1)/c(1) stays small.
     """
     from loosespec.cost import cost_curve, format_curve
+    from loosespec.decode.gguf import GgufLM, is_gguf
     from loosespec.decode.kv import CachedLM
     from loosespec.models import load
 
     if max_n < 1:
         raise LoosespecError(f"--max-n must be >= 1, got {max_n}")
     loaded = load(name, dtype, device, progress=not json_out, quantize=quantize)
-    curve = cost_curve(loaded, CachedLM(loaded.model), max_n, refresh=refresh,
+    lm = GgufLM(loaded.model) if is_gguf(loaded.model) else CachedLM(loaded.model)
+    curve = cost_curve(loaded, lm, max_n, refresh=refresh,
                        progress=None if json_out else (lambda m: print(m, file=sys.stderr)))
     if json_out:
         print(json.dumps(curve.to_dict()))

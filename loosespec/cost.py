@@ -163,3 +163,37 @@ def format_curve(curve: CostCurve, ns: Sequence[int] | None = None) -> str:
     lines = ["| n | c(n) ms | c(n)/c(1) |", "|---:|---:|---:|"]
     lines += [f"| {n} | {1000 * curve(n):.1f} | {curve.ratio(n):.2f} |" for n in ns]
     return "\n".join(lines)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decoded token reads: every tensor of the model once, except the input embedding table
+    (one row per token) unless it is also the output head (tied, as in Qwen2.5's small models).
+
+    A llama.cpp model (:class:`~loosespec.decode.gguf.GgufModel`) is counted from its GGUF file's tensors (with
+    their quantization's real sizes, scales included); a torch model from its parameters and buffers, int8 layers
+    (:class:`~loosespec.quant.RowwiseInt8Linear`) as one byte per weight plus a float32 scale per row."""
+    from loosespec.decode.gguf import is_gguf
+
+    if is_gguf(model):
+        from gguf import GGUFReader
+
+        tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(model.gguf_file)).tensors}
+        if "output.weight" in tensors:  # a separate head: the embedding table is read one row per token
+            tensors.pop("token_embd.weight", None)
+        return sum(tensors.values())
+    from loosespec.quant import RowwiseInt8Linear
+
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = embed is not None and head is not None and getattr(head, "weight", None) is getattr(embed, "weight", 0)
+    total, seen = 0, set()
+    for module in model.modules():
+        if isinstance(module, RowwiseInt8Linear):
+            total += module.out_features * (module.in_features + 4)
+        if module is embed and not tied:
+            continue
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total

@@ -33,7 +33,7 @@ from loosespec.errors import LoosespecError
 FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("auto", "none", "int8")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def int8_engine() -> str | None:
 @dataclass(frozen=True)
 class Precision:
     """How a model's weights and arithmetic are stored: ``dtype`` of the unquantized parts and
-    ``quantize`` (``none`` | ``int8``) of the Linear layers; ``name`` is the short label."""
+    ``quantize`` (``none`` | ``int8`` | ``int4``) of the Linear layers; ``name`` is the short label. ``int4``:
+    the model's own GGUF weights (4-bit K-quants) run by llama.cpp (:mod:`loosespec.decode.gguf`)."""
 
     dtype: str
     quantize: str
@@ -92,7 +93,7 @@ class Precision:
 
     @property
     def name(self) -> str:
-        return "int8" if self.quantize == "int8" else self.dtype
+        return self.quantize if self.quantize in ("int8", "int4") else self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -133,10 +134,18 @@ def _gpu_name(device: torch.device) -> str:
 
 def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch.device | str = "cpu",
                       cpu: CpuInfo | None = None, cuda_bf16: bool | None = None,
-                      engine: str | None | bool = False) -> Precision:
+                      engine: str | None | bool = False, gguf: bool = False, llamacpp: bool | None = None,
+                      role: str = "target") -> Precision:
     """The precision ``--dtype``/``--quantize`` ask for on this device, with the reason.
 
-    ``cpu``, ``cuda_bf16`` and ``engine`` default to what this machine reports; tests pass fixtures.
+    ``gguf``: the model has a GGUF file (an embedded model or a ``.gguf`` path), which llama.cpp can run in its own
+    4-bit weights; ``llamacpp``: llama-cpp-python is installed. ``role``: ``target`` or ``draft``. With
+    ``quantize="auto"`` a *draft* with a GGUF goes to llama.cpp (int4) where it is installed: a draft only proposes,
+    its forward is the cheapest there, and its rounding cannot change what the target accepts. A *target* does
+    not: llama.cpp's batched forward rounds a row differently from a one-token forward (``benchmarks/forward_cost.py``
+    measured 0 of 16 rows bit-equal), so ``exact`` would not equal ``ar`` token for token; it is opt-in
+    (``--quantize int4``). ``cpu``, ``cuda_bf16``, ``engine`` and
+    ``llamacpp`` default to what this machine reports; tests pass fixtures.
     """
     if dtype not in DTYPE_CHOICES:
         raise LoosespecError(f"unknown dtype '{dtype}'; choose one of: {', '.join(DTYPE_CHOICES)}")
@@ -145,6 +154,24 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
     device = torch.device(device)
     if engine is False:
         engine = int8_engine()
+    if llamacpp is None:
+        from loosespec.decode.gguf import available
+
+        llamacpp = available()
+    if quantize == "int4":
+        if device.type != "cpu":
+            raise LoosespecError(f"--quantize int4 runs the GGUF weights in llama.cpp on the CPU; on {device.type} use "
+                                 "--quantize none")
+        if dtype not in ("auto", "float32"):
+            raise LoosespecError(f"--quantize int4 runs in llama.cpp, which returns float32 logits; --dtype {dtype} "
+                                 "cannot go with it (use --dtype auto or float32)")
+        if not gguf:
+            raise LoosespecError("--quantize int4 runs a GGUF file in llama.cpp: use an embedded model or a .gguf "
+                                 "file, or --quantize int8")
+        if not llamacpp:
+            raise LoosespecError("--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
+                                 "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'")
+        return Precision("float32", "int4", "int4 asked for (--quantize int4): the GGUF's own weights in llama.cpp")
     if quantize == "int8":
         if device.type != "cpu":
             raise LoosespecError(f"--quantize int8 runs on the CPU only (torch's {engine or 'fbgemm'} kernels); "
@@ -170,6 +197,11 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
                          "< 8.0); float16, whose overflow to NaN loosespec reports as an error")
     if device.type == "mps":
         return Precision("float16", "none", "Apple MPS device")
+    if quantize == "auto" and role == "draft" and gguf and llamacpp:
+        return Precision("float32", "int4",
+                         "a draft with a GGUF file and llama.cpp installed: a draft only proposes, llama.cpp's 4-bit "
+                         "forward is the cheapest (it reads about half of int8's bytes per token), and its rounding "
+                         "cannot change what the target accepts")
     cpu = cpu or cpu_info()
     if cpu.bf16:
         flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
@@ -180,3 +212,36 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
                          "verify forward costs many 1-token forwards; int8 weights with per-token int8 activations "
                          "keep it cheap (loosespec models cost measures it)")
     return Precision("float32", "none", "CPU has no bfloat16 arithmetic and no int8 engine requested or available")
+
+
+def memory_bandwidth(kind: str = "copy", size_mib: int = 512, repeats: int = 5, threads: int | None = None) -> float:
+    """This machine's memory bandwidth in GB/s, over arrays far larger than any cache, on ``threads`` threads
+    (default: torch's); the median of ``repeats`` passes.
+
+    ``copy``: a plain streaming copy (STREAM's *copy*: bytes read plus bytes written). ``read``: a sum over one
+    array (bytes read), which is what a decode step does to the weights. Decoding one token reads every weight
+    once, so ``bytes per token / read bandwidth`` is about the least time a 1-token forward can take here
+    (issue 42; :func:`loosespec.cost.weight_bytes`)."""
+    import time
+
+    if kind not in ("copy", "read"):
+        raise ValueError(f"kind must be copy or read, got {kind!r}")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        src = torch.ones(size_mib << 18)  # float32: size_mib MiB
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # touch every page once before timing
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            if kind == "copy":
+                dst.copy_(src)
+            else:
+                src.sum()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    moved = (2 if kind == "copy" else 1) * src.numel() * src.element_size()
+    return moved / sorted(times)[len(times) // 2] / 1e9

@@ -372,19 +372,23 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = True,
-         quantize: str = "auto") -> LoadedModel:
+         quantize: str = "auto", role: str = "target") -> LoadedModel:
     """Load a causal LM and its tokenizer from any spec ``resolve`` accepts, in eval mode.
 
     ``dtype``/``quantize``: ``auto`` picks the precision from the hardware
     (:func:`loosespec.hardware.resolve_precision`); ``quantize="int8"`` replaces the Linear layers by
-    per-token int8 ones (:mod:`loosespec.quant`), cached after the first load.
+    per-token int8 ones (:mod:`loosespec.quant`), cached after the first load; ``quantize="int4"`` runs the GGUF
+    file itself in llama.cpp (:mod:`loosespec.decode.gguf`). ``role="draft"``: ``auto`` may pick int4 for a draft,
+    never for a target (:func:`~loosespec.hardware.resolve_precision`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     dev = pick_device(device)
-    precision = resolve_precision(dtype, quantize, dev)
+    precision = resolve_precision(dtype, quantize, dev, gguf=has_gguf(spec), role=role)
     src = resolve(spec, progress)
+    if precision.quantize == "int4":
+        return _load_gguf(spec, src, precision)
     kw = {}
     if src.kind == "hub":
         kw = {"local_files_only": _hub_unreachable(spec)}
@@ -416,6 +420,28 @@ def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = 
             print(f"quantizing {spec} to int8 (once; cached) ...", file=sys.stderr)
         quantize_model(model, cache)
     return LoadedModel(src, model, tokenizer, precision)
+
+
+def has_gguf(spec: str) -> bool:
+    """Whether a model spec names a GGUF file llama.cpp can run (an embedded model, or a ``.gguf`` path)."""
+    return spec in EMBEDDED or spec.endswith(".gguf")
+
+
+def _load_gguf(spec: str, src: ModelSource, precision: Precision) -> LoadedModel:
+    """A model whose forward llama.cpp runs on the GGUF file itself (``--quantize int4``): the tokenizer, config
+    and generation config come from the converted directory, the weights stay in the GGUF
+    (:class:`loosespec.decode.gguf.GgufModel`)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from loosespec.decode.gguf import GgufModel
+
+    path = _gguf_path(spec) if spec in EMBEDDED else Path(spec).expanduser()
+    try:
+        generation = GenerationConfig.from_pretrained(src.path)
+    except OSError:  # no generation_config.json: the model's defaults
+        generation = None
+    model = GgufModel(path, AutoConfig.from_pretrained(src.path), generation)
+    return LoadedModel(src, model, AutoTokenizer.from_pretrained(src.path), precision)
 
 
 def same_tokenizer(a, b) -> bool:

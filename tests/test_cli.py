@@ -123,7 +123,9 @@ def test_bad_vllm_bench_options(tiny_dir, tmp_path, flag):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--quantize", "int4"], "unknown quantize"),
+    (["--quantize", "int2"], "unknown quantize"),
+    (["--quantize", "int4"], "GGUF file"),  # a local directory has no GGUF for llama.cpp to run
+    (["--draft-quantize", "fp4"], "unknown quantize"),
     (["--dtype", "bfloat16", "--quantize", "int8"], "float32"),
     (["--dtype", "fp8"], "unknown dtype"),
 ])

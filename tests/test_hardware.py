@@ -62,7 +62,11 @@ def test_cuda_precision_follows_bf16_support():
     (dict(dtype="auto", quantize="int8", device="cuda"), "CPU only"),
     (dict(dtype="bfloat16", quantize="int8", device="cpu"), "float32"),
     (dict(dtype="int4", quantize="auto", device="cpu"), "unknown dtype"),
-    (dict(dtype="auto", quantize="int4", device="cpu"), "unknown quantize"),
+    (dict(dtype="auto", quantize="int2", device="cpu"), "unknown quantize"),
+    (dict(dtype="auto", quantize="int4", device="cpu", gguf=False, llamacpp=True), "GGUF file"),
+    (dict(dtype="auto", quantize="int4", device="cpu", gguf=True, llamacpp=False), "llama-cpp-python"),
+    (dict(dtype="auto", quantize="int4", device="cuda", gguf=True, llamacpp=True), "on the CPU"),
+    (dict(dtype="bfloat16", quantize="int4", device="cpu", gguf=True, llamacpp=True), "float32 logits"),
 ])
 def test_bad_combinations_are_clear_errors(kw, words):
     with pytest.raises(LoosespecError, match=words):
@@ -97,3 +101,18 @@ def test_cuda_auto_reads_the_compute_capability_not_emulated_bf16(monkeypatch, c
             resolve_precision("bfloat16", "auto", "cuda", engine="x86")
     else:
         assert resolve_precision("bfloat16", "auto", "cuda", engine="x86").name == "bfloat16"
+
+
+@pytest.mark.parametrize("machine", ["epyc_zen3", "sapphire_rapids_amx"])
+def test_auto_runs_a_gguf_draft_in_llamacpp_and_keeps_the_target_batch_invariant(machine):
+    """A draft only proposes, so its cheapest forward wins; a target's verify forward must round a row as a
+    one-token forward does, which llama.cpp's does not (benchmarks/forward_cost.py), so int4 stays opt-in there."""
+    kw = dict(cpu=cpu(machine), engine="x86", gguf=True, llamacpp=True)
+    draft = resolve_precision("auto", "auto", "cpu", role="draft", **kw)
+    assert (draft.name, draft.quantize) == ("int4", "int4") and "llama.cpp" in draft.reason
+    target = resolve_precision("auto", "auto", "cpu", **kw)
+    assert target.name in ("int8", "bfloat16")
+    assert resolve_precision("auto", "int4", "cpu", **kw).name == "int4"  # asked for: given
+    for other in (dict(kw, llamacpp=False), dict(kw, gguf=False)):
+        assert resolve_precision("auto", "auto", "cpu", role="draft", **other).name == target.name
+    assert resolve_precision("auto", "int8", "cpu", role="draft", **kw).name == "int8"  # asked for: kept

@@ -20,6 +20,7 @@ from loosespec.config import DecodeConfig
 from loosespec.drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
 from loosespec.drafters.base import EMPTY_DRAFT
 from loosespec.errors import LoosespecError
+from loosespec.decode.gguf import REFUSAL as GGUF_REFUSAL, GgufLM, is_gguf
 from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
 from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
@@ -221,6 +222,12 @@ def check_cache_options(cache_implementation: str, compile: bool) -> None:
         raise LoosespecError("compile needs cache_implementation 'static' (fixed shapes and tensor addresses)")
 
 
+def draft_quantize_for(quantize: str, draft_quantize: str = "auto") -> str:
+    """The draft's ``quantize``: ``draft_quantize`` when given; else the target's when that was given (a run pinned
+    to ``--quantize int8`` keeps its draft in int8); else ``auto``, resolved for the draft's role."""
+    return draft_quantize if draft_quantize != "auto" else quantize
+
+
 def _output_rows(model) -> int:
     """Rows of the output embedding (the logits' width): an ``nn.Linear`` or loosespec's int8 layer."""
     head = model.get_output_embeddings()
@@ -247,6 +254,11 @@ class Engine:
         self.cache_implementation, self.compile = cache_implementation, compile
 
         def lm(model):
+            if is_gguf(model):  # --quantize int4: llama.cpp's forward and cache
+                if cache_implementation != "dynamic" or compile:
+                    raise LoosespecError("a model run by llama.cpp (--quantize int4) keeps llama.cpp's own cache: "
+                                         "cache_implementation 'static' and compile do not apply")
+                return GgufLM(model)
             if cache_implementation == "static":
                 return StaticCachedLM(model, max_cache_len, compile, compile_backend)
             return CachedLM(model)
@@ -271,13 +283,20 @@ class Engine:
     def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
              device: str = "auto", progress: bool = True, quantize: str = "auto",
              cache_implementation: str = "dynamic", compile: bool = False,
-             max_cache_len: int = DEFAULT_MAX_CACHE_LEN) -> "Engine":
+             max_cache_len: int = DEFAULT_MAX_CACHE_LEN, draft_quantize: str = "auto") -> "Engine":
         """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
-        (:func:`loosespec.hardware.resolve_precision`); the draft gets the same. The cache options:
-        :meth:`__init__`."""
+        (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
+        when that is given, and with ``quantize="auto"`` the draft's own choice (int4 in llama.cpp for a GGUF draft
+        where llama-cpp-python is installed: :func:`draft_quantize_for`). The cache options: :meth:`__init__`."""
         check_cache_options(cache_implementation, compile)  # before loading anything
+        from loosespec.hardware import QUANTIZE_CHOICES
+
+        if draft_quantize not in QUANTIZE_CHOICES:
+            raise LoosespecError(f"unknown quantize '{draft_quantize}' for the draft (--draft-quantize); choose one "
+                                 f"of: {', '.join(QUANTIZE_CHOICES)}")
         t = load(target, dtype, device, progress, quantize)
-        d = load(draft, dtype, str(t.model.device), progress, quantize) if draft not in (None, "none") else None
+        d = (load(draft, dtype, str(t.model.device), progress, draft_quantize_for(quantize, draft_quantize), "draft")
+             if draft not in (None, "none") else None)
         e = cls(t, d, cache_implementation, compile, max_cache_len)
         e.progress = progress
         return e
@@ -320,6 +339,8 @@ class Engine:
                                  "cache per step and grows it along a batch of candidates")
         if cfg.method == "specguard" and self.draft_lm is None:
             raise LoosespecError("method 'specguard' needs a draft model (--draft): it drafts whole steps with it")
+        if cfg.method == "specguard" and any(is_gguf(m.model) for m in (self.target, self.draft)):
+            raise LoosespecError(f"method 'specguard': {GGUF_REFUSAL}")
         sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         # FLy's two-sample variant drafts greedily, as the official code does
         draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling

@@ -99,7 +99,7 @@ def bench_methods() -> dict[str, BenchMethod]:
     """Every bench method name: the registry's token-level methods x drafters, SpecGuard's presets, the peers."""
     if not _BENCH_METHODS:
         from loosespec.methods import METHODS
-        from loosespec.eval.peers.llamacpp import LLAMACPP_METHODS
+        from loosespec.eval.peers.llamacpp import LLAMACPP_METHODS, SERVER_METHODS
         from loosespec.eval.peers.vllm import VLLM_METHODS
 
         out = {"ar": BenchMethod("ar", "loosespec", METHODS["ar"].lossy, False, "ar")}
@@ -115,6 +115,8 @@ def bench_methods() -> dict[str, BenchMethod]:
             out[name] = BenchMethod(name, "hf", False, name == "hf-assist")
         for name in LLAMACPP_METHODS:
             out[name] = BenchMethod(name, "llamacpp", False, False)
+        for name in SERVER_METHODS:  # llama.cpp's own speculative decoding with the draft's GGUF
+            out[name] = BenchMethod(name, "llamacpp", False, True)
         for name in VLLM_METHODS:  # vLLM's FLy runs loosespec's rule in vLLM: FLy's lossiness
             out[name] = BenchMethod(name, "vllm", METHODS["fly"].lossy if name.startswith("vllm-fly") else False,
                                     False)
@@ -289,6 +291,8 @@ def check_config(out: Path, config: dict) -> None:
     path = out / CONFIG
     if path.exists():
         old = {**{k: v for k, v in LEGACY_CONFIG.items() if k in config}, **json.loads(path.read_text())}
+        if "draft_dtype" in config and "draft_dtype" not in old:  # written before the draft had its own precision
+            old["draft_dtype"] = old.get("dtype") if old.get("draft") else None
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
         if diff:
             lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)
@@ -376,10 +380,21 @@ def llamacpp_generate(engine, method: str, ids, *, max_new_tokens: int, temperat
     """llama.cpp on the target's GGUF file, greedy, same prompt ids, budget and end tokens."""
     import torch
 
-    from loosespec.eval.peers.llamacpp import LlamaCppPeer
+    from loosespec.eval.peers.llamacpp import SERVER_METHODS, LlamaCppPeer, LlamaServerPeer
 
     if temperature != 0:
         raise LoosespecError("llamacpp-* methods run greedy only here (--temperature 0)")
+    if method in SERVER_METHODS:
+        server = getattr(engine, "_llama_server", None)
+        if server is None:
+            server = engine._llama_server = LlamaServerPeer(engine.target.name, engine.draft.name,
+                                                            torch.get_num_threads())
+        new, wall, timings = server.generate(ids.tolist(), max_new_tokens, engine.stop_ids)
+        text = engine.tokenizer.decode(new, skip_special_tokens=True)
+        stats = {"new_tokens": len(new), "drafted_tokens": timings.get("draft_n"),
+                 "accepted_tokens": timings.get("draft_n_accepted"), "llamacpp_timings": timings}
+        cfg = {"method": method, "server": str(server.binary), "args": server.args, "threads": server.threads}
+        return Outcome(text, new, wall, [], stats, cfg)
     peer = getattr(engine, "_llamacpp", None)
     if peer is None:
         peer = engine._llamacpp = LlamaCppPeer(engine.target.name, torch.get_num_threads())
@@ -1031,14 +1046,17 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
 def run_config(*, target: str, draft: str | None, dtype: str, device: str, dataset: str, options: dict,
                max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
                sg_tau: float | None, scorer: str,
-               adaptive_draft_length: bool = knob_default("adaptive_draft_length")) -> dict:
-    """What the numbers in a results directory depend on (compared on every resume)."""
+               adaptive_draft_length: bool = knob_default("adaptive_draft_length"),
+               draft_dtype: str | None = None) -> dict:
+    """What the numbers in a results directory depend on (compared on every resume). ``draft_dtype``: the draft's
+    precision (None: the target's, or no draft)."""
     import torch
     import transformers
 
     from loosespec import __version__
 
     return {"target": target, "draft": draft, "dtype": dtype, "device": device, "dataset": dataset,
+            "draft_dtype": draft_dtype if draft is not None and draft_dtype is not None else (dtype if draft else None),
             "dataset_options": options, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "top_p": top_p, "top_k": top_k, "seed": seed, "sg_tau": sg_tau, "scorer": scorer,
             "adaptive_draft_length": adaptive_draft_length, "fly_window_meaning": FLY_WINDOW_MEANING,

@@ -179,6 +179,22 @@ def test_config_mismatch_is_an_error(tmp_path):
         B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 128})
 
 
+def test_a_directory_from_before_the_drafts_own_precision_resumes_only_with_the_draft_in_the_targets(tmp_path):
+    """config.json written before draft_dtype existed: its draft ran in the target's precision."""
+    old = {"dataset": "gsm8k", "dtype": "int8", "draft": "d"}
+    (tmp_path / B.CONFIG).write_text(json.dumps(old))
+    B.check_config(tmp_path, {**old, "draft_dtype": "int8"})
+    with pytest.raises(LoosespecError, match="draft_dtype: 'int8' there, 'int4' now"):
+        B.check_config(tmp_path, {**old, "draft_dtype": "int4"})
+    cfg = B.run_config(target="t", draft=None, dtype="int8", device="cpu", dataset="gsm8k", options={},
+                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none",
+                       draft_dtype="int4")
+    assert cfg["draft_dtype"] is None  # no draft, no draft precision
+    cfg = B.run_config(target="t", draft="d", dtype="int8", device="cpu", dataset="gsm8k", options={},
+                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none")
+    assert cfg["draft_dtype"] == "int8"
+
+
 def test_parse_methods():
     assert B.parse_methods("exact-ngram,fly-mla") == ["ar", "exact-ngram", "fly-mla"]
     assert B.parse_methods("hf-pld,ar") == ["ar", "hf-pld"]

@@ -1,0 +1,202 @@
+"""A forward run by llama.cpp on the model's own GGUF weights (``--quantize int4``), behind the same
+interface as :class:`~loosespec.decode.kv.CachedLM`.
+
+Decoding one token reads every weight once, so on a CPU the bytes per weight decide ``ar``'s speed
+(issue 42): the embedded models ship as Q4_K_M GGUF files (about 4.9 bits per weight, with some
+tensors in 6 bits), which llama.cpp runs directly, where the int8 path reads 8 bits per weight.
+
+llama.cpp's low-level API gives what speculative decoding needs: one ``llama_decode`` over a batch
+returns logits for every position that asks for them (a verify forward's K + 1 rows), and
+``llama_memory_seq_rm`` drops KV positions by range (the rollback after a rejected draft). The cache is
+kept, as in :class:`~loosespec.decode.kv.CachedLM`, as a memo of the ids it was computed on: every
+forward rolls it back to the common prefix of those ids and the sequence asked for, and feeds the rest.
+
+Lossless methods stay lossless only if a row's logits do not depend on how many rows the forward
+carried (``exact`` verifies K + 1 rows where ``ar`` feeds one). llama.cpp does not promise that (its
+server's documentation: logits "are not guaranteed to be bit-for-bit identical for different batch
+sizes"), and ``benchmarks/forward_cost.py`` measures it: on a 2-core AVX2 EPYC no row of a 16-row
+forward was bit-equal to the one-token forward at the same position (``results/forward/``), with or
+without llama.cpp's repacked weights and flash attention. So ``auto`` never runs a target here
+(:func:`loosespec.hardware.resolve_precision`): a draft only proposes, and there the cheapest forward is
+the right one. ``tests/decode/test_gguf.py`` keeps the cache bookkeeping right against a fake context.
+
+Needs ``llama-cpp-python`` (builds from source, 10-20 minutes on 2 cores): ``make peers``, or
+``pip install 'loosespec[peers]'``. Hidden states and attention weights are not returned, so SpecGuard
+(attention grounding) and transformers' own ``generate`` peers refuse this precision.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from loosespec.errors import LoosespecError
+from loosespec.decode.kv import common_prefix_len
+
+N_BATCH = 512  # positions per llama_decode call (a long prompt is fed in such chunks)
+MAX_CONTEXT = 8192  # KV positions allocated, unless the model was trained on fewer
+REPACK = True  # llama.cpp's repacked weight layouts (its "extra buffer types")
+FLASH_ATTN = -1  # llama.cpp's flash attention: -1 auto, 0 off, 1 on
+
+
+def available() -> bool:
+    """Whether llama-cpp-python is installed (without importing it: the import loads a shared library)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _import():
+    try:
+        import llama_cpp
+        from llama_cpp import _internals
+    except ImportError as e:
+        raise LoosespecError("--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
+                             "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'") from e
+    return llama_cpp, _internals
+
+
+class GgufModel(torch.nn.Module):
+    """What the rest of loosespec reads off a loaded model (config, generation config, output width, a float32
+    parameter for the dtype and device) for weights that llama.cpp holds. It has no forward of its own: the
+    engine runs it through :class:`GgufLM`, and anything that would call it as a transformers model (SpecGuard's
+    attentions, ``generate`` peers) is refused before it starts (:data:`REFUSAL`)."""
+
+    def __init__(self, gguf_file: Path, config, generation_config=None):
+        super().__init__()
+        self.gguf_file = Path(gguf_file)
+        self.config = config
+        self.generation_config = generation_config
+        self.register_parameter("_anchor", torch.nn.Parameter(torch.zeros(1), requires_grad=False))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # the logits llama.cpp returns
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_output_embeddings(self):
+        return SimpleNamespace(out_features=int(self.config.vocab_size))
+
+    def forward(self, *args, **kwargs):
+        raise LoosespecError(REFUSAL)
+
+    def generate(self, *args, **kwargs):
+        raise LoosespecError(REFUSAL)
+
+
+REFUSAL = ("this model runs in llama.cpp (--quantize int4), which returns logits only: SpecGuard's attention "
+           "grounding and transformers' generate peers need a transformers model; use --quantize int8 or none")
+
+
+def is_gguf(model) -> bool:
+    return isinstance(model, GgufModel)
+
+
+class GgufLM:
+    """A llama.cpp context over one GGUF file, with the interface of :class:`~loosespec.decode.kv.CachedLM`:
+    :meth:`logits`, :meth:`prefill`, :meth:`reset`, the forward count and the modelled cost."""
+
+    def __init__(self, model: GgufModel, threads: int | None = None, n_ctx: int | None = None,
+                 repack: bool = REPACK, flash_attn: int = FLASH_ATTN):
+        self.repack, self.flash_attn = repack, flash_attn
+        self.model = model
+        self.device = torch.device("cpu")
+        self.threads = threads or torch.get_num_threads()
+        self._ctx, self._batch, self.n_vocab, self.max_positions = self._open(model, n_ctx or MAX_CONTEXT)
+        self.forwards = 0
+        self.cost = None
+        self.modelled_s = 0.0
+        self.modelled_prefill_s = 0.0
+        self.recomputes = 0  # rollbacks llama.cpp refused, recomputed from scratch
+        self.rollback_problem = None
+        self.reset()
+
+    def _open(self, model: GgufModel, n_ctx: int):
+        """(context, batch, vocabulary size, positions) of a llama.cpp context on ``model``'s GGUF file."""
+        llama_cpp, internals = _import()
+        from llama_cpp._logger import set_verbose
+
+        set_verbose(False)  # llama.cpp's errors still reach stderr; its loading chatter does not
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.use_extra_bufts = self.repack
+        self._lmodel = internals.LlamaModel(path_model=str(model.gguf_file), params=mparams, verbose=False)
+        trained = self._lmodel.n_ctx_train()
+        positions = min(n_ctx, trained) if trained > 0 else n_ctx
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = positions
+        cparams.n_batch = N_BATCH
+        cparams.n_ubatch = N_BATCH
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.flash_attn_type = self.flash_attn
+        ctx = internals.LlamaContext(model=self._lmodel, params=cparams, verbose=False)
+        batch = internals.LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False)
+        return ctx, batch, self._lmodel.n_vocab(), positions
+
+    def reset(self) -> None:
+        self._ctx.kv_cache_clear()
+        self.ids = torch.empty(0, dtype=torch.long)
+
+    def prefill(self, seq: torch.Tensor) -> None:
+        """Make the cache hold ``seq`` (one forward over what it lacks; nothing when it holds it)."""
+        if seq.shape[0] and common_prefix_len(self.ids, seq) < seq.shape[0]:
+            self.logits(seq, rows=1)
+
+    @torch.inference_mode()
+    def logits(self, seq: torch.Tensor, rows: int) -> torch.Tensor:
+        """Logits of the last ``rows`` positions of ``seq`` ([rows, V] float32 on the CPU), computing only what the
+        cache lacks (as :meth:`CachedLM.logits`)."""
+        length = int(seq.shape[0])
+        if length > self.max_positions:
+            raise LoosespecError(f"sequence of {length} tokens exceeds the llama.cpp context of {self.max_positions} "
+                                 "positions")
+        if not 1 <= rows <= min(length, N_BATCH):
+            raise LoosespecError(f"rows must be in 1..{min(length, N_BATCH)}, got {rows}")
+        keep = min(common_prefix_len(self.ids, seq), length - rows)
+        if keep < self.ids.shape[0] and not self._ctx.kv_cache_seq_rm(0, keep, -1):
+            self._ctx.kv_cache_clear()  # a partial removal the cache refused: recompute from scratch
+            self.recomputes += 1
+            keep = 0
+        ids = seq.tolist()
+        batch = self._batch.batch
+        first_out = length - rows
+        # chunks of at most N_BATCH positions, the last one holding every row asked for (rows <= N_BATCH)
+        tail = max(keep, length - N_BATCH)
+        chunks = [(s, min(s + N_BATCH, tail)) for s in range(keep, tail, N_BATCH)] + [(tail, length)]
+        try:
+            for start, stop in chunks:
+                batch.n_tokens = stop - start
+                for j, pos in enumerate(range(start, stop)):
+                    batch.token[j] = ids[pos]
+                    batch.pos[j] = pos
+                    batch.seq_id[j][0] = 0
+                    batch.n_seq_id[j] = 1
+                    batch.logits[j] = pos >= first_out
+                self._ctx.decode(self._batch)
+        except BaseException:
+            self.reset()  # a decode that failed half-way leaves the cache holding an unknown prefix
+            raise
+        out = np.empty((rows, self.n_vocab), dtype=np.float32)
+        for r in range(rows):  # llama_get_logits_ith takes the position's index in the last batch
+            ptr = self._ctx.get_logits_ith(first_out + r - tail)
+            ctypes.memmove(out[r].ctypes.data, ptr, self.n_vocab * 4)
+        self._counted(seq, length - keep)
+        return torch.from_numpy(out)
+
+    def _counted(self, seq: torch.Tensor, fed: int) -> None:
+        prefill = fed == seq.shape[0] and fed > 1
+        self.ids = seq
+        self.forwards += 1
+        if self.cost is not None:
+            if prefill:
+                self.modelled_prefill_s += self.cost(fed)
+            else:
+                self.modelled_s += self.cost(fed)
