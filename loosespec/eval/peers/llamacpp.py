@@ -89,3 +89,113 @@ class LlamaCppPeer:
             if tok in stops or len(new) >= max_new_tokens:
                 break
         return new, time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------------------------
+# llamacpp-spec: llama.cpp's own speculative decoding, as its server runs it
+# ---------------------------------------------------------------------------------------------
+
+SERVER_METHODS = ("llamacpp-spec",)  # the target's GGUF with the draft's GGUF as llama.cpp's draft model
+SERVER_ENV = "LOOSESPEC_LLAMA_SERVER"
+SERVER_START_S = 300  # loading two models on two cores takes seconds; a build missing a feature fails at once
+
+
+def server_binary() -> Path:
+    """``llama-server``: ``$LOOSESPEC_LLAMA_SERVER``, else the one ``make peers`` builds into the virtual environment
+    (``.venv/llama.cpp/bin``), else the one on ``PATH``."""
+    import os
+    import shutil
+    import sys
+
+    candidates = [os.environ.get(SERVER_ENV), str(Path(sys.prefix) / "llama.cpp" / "bin" / "llama-server"),
+                  shutil.which("llama-server")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return Path(c)
+    raise LoosespecError("llamacpp-spec runs llama.cpp's own server (llama-server), which was not found: make peers "
+                         f"builds it from llama-cpp-python's sources into .venv/llama.cpp/bin, or set {SERVER_ENV}")
+
+
+class LlamaServerPeer:
+    """One ``llama-server`` process with the target and the draft model (``-md``), speculative type draft-simple,
+    every other speculative setting at llama.cpp's default; started on first use on a free local port, stopped by
+    :meth:`close` (and at exit). Greedy, the same prompt ids, budget and end tokens as the other methods; the prompt
+    cache is off so every request pays its prefill, as every other method does."""
+
+    def __init__(self, target: str, draft: str, threads: int, n_ctx: int = 8192):
+        self.target, self.draft = gguf_file(target), gguf_file(draft)
+        self.threads, self.n_ctx = threads, n_ctx
+        self.binary = server_binary()
+        self.proc = None
+        self.url = None
+        self.args: list[str] = []
+
+    def start(self) -> None:
+        import atexit
+        import socket
+        import subprocess
+        import tempfile
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.args = ["-m", str(self.target), "-md", str(self.draft), "--spec-type", "draft-simple",
+                     "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", "1",
+                     "--host", "127.0.0.1", "--port", str(port)]
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([str(self.binary), *self.args], stdout=self._log, stderr=subprocess.STDOUT)
+        atexit.register(self.close)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                tail = self._log.read().decode(errors="replace").strip().splitlines()[-3:]
+                raise LoosespecError(f"llama-server exited with code {self.proc.returncode}: {' | '.join(tail)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise LoosespecError(f"llama-server did not answer /health within {SERVER_START_S} s")
+
+    def generate(self, ids: list[int], max_new_tokens: int, stop_ids) -> tuple[list[int], float, dict]:
+        """Greedy continuation of ``ids``: (new token ids, wall seconds including the prefill, llama.cpp's timings
+        with its draft counters)."""
+        import json
+        import time
+        import urllib.request
+
+        if self.proc is None:
+            self.start()
+        body = {"prompt": list(ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": False, "return_tokens": True, "stream": False}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=3600) as r:
+                out = json.loads(r.read())
+        except OSError as e:
+            raise LoosespecError(f"llama-server request failed: {e}") from e
+        wall = time.perf_counter() - t
+        new = [int(x) for x in out.get("tokens", [])]
+        stops = set(stop_ids)
+        end = next((i for i, tok in enumerate(new) if tok in stops), None)
+        if end is not None:  # llama.cpp stops at its end-of-generation tokens; ours may be more
+            new = new[: end + 1]
+        return new, wall, out.get("timings", {})
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+        self.proc = None
