@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -175,7 +175,18 @@ bench-vllm-load: setup vllm
 $(VENV)/.peers: $(STAMP)
 	$(PIP) install -e ".[peers]"
 	touch $@
-peers: $(VENV)/.peers
+# llama.cpp's own server (llamacpp-spec: its speculative decoding with the draft model), built from the sources of
+# the llama-cpp-python release installed above (another 10-15 min on 2 cores)
+LLAMA_SERVER := $(VENV)/llama.cpp/bin/llama-server
+$(LLAMA_SERVER): $(VENV)/.peers
+	set -e; v=$$($(BIN)/python -c "import llama_cpp; print(llama_cpp.__version__)"); tmp=$$(mktemp -d); \
+	$(PIP) download --no-deps --no-binary :all: -d $$tmp "llama-cpp-python==$$v"; \
+	tar -xzf $$tmp/llama_cpp_python-$$v.tar.gz -C $$tmp; \
+	cmake -S $$tmp/llama_cpp_python-$$v/vendor/llama.cpp -B $$tmp/build -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON; \
+	cmake --build $$tmp/build --target llama-server -j $$(nproc); \
+	mkdir -p $(@D); cp $$tmp/build/bin/llama-server $@; rm -rf $$tmp
+peers: $(VENV)/.peers $(LLAMA_SERVER)
 
 # Speed on the machine at hand (issue 16): every loosespec method in the precision --dtype auto picks here,
 # with the cost-aware draft length, next to transformers' prompt lookup (same precision) and llama.cpp on the
@@ -196,6 +207,23 @@ bench-cpu: setup peers
 	    --no-plots --out $(BENCH_DIR)/cpu/specbench-$$c --methods $(CPU_METHODS) || exit 1; \
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
+
+# Which forward on this CPU (issue 42): the forward cost of target and draft in int8 and int4 (llama.cpp on the GGUF),
+# batch invariance and the memory bandwidth (results/forward), then the same Spec-Bench prompts (FWD_N per category,
+# FWD_TOKENS new tokens) with the target in int4, in int8 with the draft in int4, and in int8 with the draft in int8,
+# llama.cpp's own decoding beside them; benchmarks/forward_compare.py pairs the three directories prompt by prompt.
+FWD_N ?= 1
+FWD_TOKENS ?= 128
+FWD_DIR ?= $(BENCH_DIR)/forward
+forward-cost: evidence-models peers
+	$(BIN)/python benchmarks/forward_cost.py --precisions int8,int4 --llamacpp-variants --out results/forward
+bench-forward: evidence-models peers
+	for p in "int4 --quantize int4" "int8-draft-int4 --quantize int8 --draft-quantize int4" "int8 --quantize int8"; do \
+	  set -- $$p; name=$$1; shift; \
+	  $(BIN)/loosespec bench --dataset specbench --limit $(FWD_N) --max-new-tokens $(FWD_TOKENS) --no-plots $$@ \
+	    --methods ar,exact-ngram,exact-mla,fly-mla,llamacpp-ar --out $(FWD_DIR)/$$name || exit 1; \
+	done
+	$(BIN)/python benchmarks/forward_compare.py $(FWD_DIR) | tee $(FWD_DIR)/compare.md
 
 # FLy's calibration for the default pair (issue 41): theta, W, K and the copy guard chosen on problems no benchmark
 # reads (GSM8K's and MBPP's train splits, FLY_CAL_N each), int8 as the evidence runs; the table and the choice in
