@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -215,13 +215,14 @@ bench-cpu: setup peers
 FWD_N ?= 1
 FWD_TOKENS ?= 128
 FWD_DIR ?= $(BENCH_DIR)/forward
+FWD_METHODS ?= ar,exact-ngram,exact-mla,fly-mla,llamacpp-ar,llamacpp-spec
 forward-cost: evidence-models peers
 	$(BIN)/python benchmarks/forward_cost.py --precisions int8,int4 --llamacpp-variants --out results/forward
 bench-forward: evidence-models peers
 	for p in "int4 --quantize int4" "int8-draft-int4 --quantize int8 --draft-quantize int4" "int8 --quantize int8"; do \
 	  set -- $$p; name=$$1; shift; \
 	  $(BIN)/loosespec bench --dataset specbench --limit $(FWD_N) --max-new-tokens $(FWD_TOKENS) --no-plots $$@ \
-	    --methods ar,exact-ngram,exact-mla,fly-mla,llamacpp-ar --out $(FWD_DIR)/$$name || exit 1; \
+	    --methods $(FWD_METHODS) --out $(FWD_DIR)/$$name || exit 1; \
 	done
 	$(BIN)/python benchmarks/forward_compare.py $(FWD_DIR) | tee $(FWD_DIR)/compare.md
 
@@ -320,6 +321,17 @@ bench-precision: setup
 	done
 	for s in gsm8k humaneval; do $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int8 \
 	  $(BENCH_DIR)/precision/$$s-float32; echo; done | tee $(BENCH_DIR)/precision/accuracy.md
+
+# The same for llama.cpp's 4-bit forward (--quantize int4, issue 42): ar in int4 on the same problems, paired with the
+# int8 and float32 runs above (needs llama-cpp-python: make peers). Accuracy only: nothing here is timed.
+bench-precision-int4: setup peers
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize int4 \
+	  --out $(BENCH_DIR)/precision/gsm8k-int4
+	$(BIN)/loosespec bench --dataset humaneval --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize int4 \
+	  --out $(BENCH_DIR)/precision/humaneval-int4
+	for s in gsm8k humaneval; do for o in int8 float32; do \
+	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int4 $(BENCH_DIR)/precision/$$s-$$o; \
+	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-int4.md
 
 # loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)

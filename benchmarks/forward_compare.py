@@ -5,7 +5,9 @@ lossless method stayed identical to ``ar`` of its own precision (issue 42).
     .venv/bin/python benchmarks/forward_compare.py results/bench/forward
 
 Speed ratios are geometric means over prompts of paired tokens/s ratios (new tokens / wall seconds, prefill
-included); "identical to ar" compares token ids with the same directory's ``ar``. Each directory's llamacpp-ar
+included); "vs ar (same dir)" pairs rows timed in the same run, minutes apart at most, and is the ratio to
+trust across directories: the machine's speed drifted by more than 15% between them (compare llamacpp-ar, the same
+runtime, in each); "identical to ar" compares token ids with the same directory's ``ar``. Each directory's llamacpp-ar
 is the same runtime timed again beside that directory's methods; the ratio against it pairs rows timed minutes
 apart.
 """
@@ -49,9 +51,9 @@ def compare(root: Path) -> str:
     lines = [f"# Forward precision compared ({root})", "",
              f"{hw.get('cpu')} ({' '.join(hw.get('cpu_flags', []))}), {hw.get('threads')} threads; "
              f"{len({q for d in data.values() for q, _ in d})} Spec-Bench prompts.", "",
-             "| target / draft | method | n | tok/s | vs llamacpp-ar (same dir) | vs int8 ar | identical to ar | "
-             "draft-model rounds |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| target / draft | method | n | tok/s | vs ar (same dir) | vs llamacpp-ar (same dir) | vs int8 ar | "
+             "identical to ar | draft-model rounds |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, rows in data.items():
         cfg = configs[name]
         label = f"{cfg['dtype']} / {cfg.get('draft_dtype', cfg['dtype'])}"
@@ -60,13 +62,14 @@ def compare(root: Path) -> str:
             qs = sorted(q for q, mm in rows if mm == m)
             own = [rows[(q, m)] for q in qs]
             vs_llama = [tps(rows[(q, m)]) / tps(rows[(q, "llamacpp-ar")]) for q in qs if (q, "llamacpp-ar") in rows]
+            vs_ar = [tps(rows[(q, m)]) / tps(rows[(q, "ar")]) for q in qs if (q, "ar") in rows]
             vs_ar8 = [tps(rows[(q, m)]) / tps(base[(q, "ar")]) for q in qs if (q, "ar") in base]
             same = [rows[(q, m)]["token_ids"] == rows[(q, "ar")]["token_ids"] for q in qs if (q, "ar") in rows]
             model_rounds = sum(r["stats"].get("rounds_model", 0) for r in own)
             total_rounds = sum(r["stats"].get("rounds", 0) for r in own)
             lossless = m.startswith(LOSSLESS_PREFIXES)
             ratio = lambda xs: f"{geomean(xs):.2f}x" if xs else "-"  # noqa: E731
-            lines.append(f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | "
+            lines.append(f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | {ratio(vs_ar)} | "
                          f"{ratio(vs_llama)} | {ratio(vs_ar8)} | "
                          f"{f'{sum(same)}/{len(same)}' if lossless and not m.startswith('llamacpp') else '-'} | "
                          f"{f'{model_rounds}/{total_rounds}' if 'mla' in m or 'model' in m else '-'} |")

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from loosespec.errors import LoosespecError
-from loosespec.decode.kv import common_prefix_len
+from loosespec.decode.kv import CachedLM, common_prefix_len
 
 N_BATCH = 512  # positions per llama_decode call (a long prompt is fed in such chunks)
 MAX_CONTEXT = 8192  # KV positions allocated, unless the model was trained on fewer
@@ -191,12 +191,4 @@ class GgufLM:
         self._counted(seq, length - keep)
         return torch.from_numpy(out)
 
-    def _counted(self, seq: torch.Tensor, fed: int) -> None:
-        prefill = fed == seq.shape[0] and fed > 1
-        self.ids = seq
-        self.forwards += 1
-        if self.cost is not None:
-            if prefill:
-                self.modelled_prefill_s += self.cost(fed)
-            else:
-                self.modelled_s += self.cost(fed)
+    _counted = CachedLM._counted  # the same booking of forwards and modelled cost
