@@ -114,7 +114,8 @@ def render(data: dict) -> str:
     by = {(r["model"], r["precision"]): r for r in data["rows"]}
     precisions = sorted({r["precision"] for r in data["rows"]})
     pairs = [f"draft {dp} / target {tp} {by[(data['draft'], dp)]['c1_ms'] / by[(data['target'], tp)]['c1_ms']:.2f}"
-             for tp in precisions for dp in precisions if (data["target"], tp) in by and (data["draft"], dp) in by]
+             for tp in precisions for dp in precisions if (data["target"], tp) in by and (data["draft"], dp) in by
+             and data["draft"] != data["target"]]
     if pairs:
         lines.append("\nDraft/target c(1): " + ", ".join(pairs) + ".")
     lines.append("\nfloor = GB/token / read bandwidth; load s: loading the model in that precision (int8: the float32 "

@@ -11,7 +11,9 @@ holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) a
 ``<!-- end retention -->`` whether each lossy method keeps ``ar``'s accuracy in those directories (in these two,
 ``A+B+C`` without spaces reads runs of one set under several seeds as one) and
 ``<!-- fly-default DIR -->`` .. ``<!-- end fly-default -->`` ``benchmarks/fly_acceptance.py DIR`` (FLy's default
-against exact's, per category, and issue 41's checks), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
+against exact's, per category, and issue 41's checks), ``<!-- forward DIR -->`` .. ``<!-- end forward -->``
+``benchmarks/forward_compare.py DIR`` and ``<!-- forward-cost FILE -->`` .. ``<!-- end forward-cost -->`` the table of
+``benchmarks/forward_cost.py``'s JSON (issue 42), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
 method's outputs open and end (``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
@@ -38,6 +40,8 @@ RETENTION = re.compile(r"(<!-- retention ([^>]+?) -->\n)(.*?)(<!-- end retention
 FAILURES = re.compile(r"(<!-- failures ([^>]+?) -->\n)(.*?)(<!-- end failures -->)", re.DOTALL)
 CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibration -->)", re.DOTALL)
 FLY_DEFAULT = re.compile(r"(<!-- fly-default (\S+) -->\n)(.*?)(<!-- end fly-default -->)", re.DOTALL)
+FORWARD = re.compile(r"(<!-- forward (\S+) -->\n)(.*?)(<!-- end forward -->)", re.DOTALL)
+FORWARD_COST = re.compile(r"(<!-- forward-cost (\S+) -->\n)(.*?)(<!-- end forward-cost -->)", re.DOTALL)
 
 
 def calibration_table(path: Path) -> str:
@@ -90,6 +94,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_acceptance import report as cpu_report  # noqa: E402
 from fly_acceptance import report as fly_default_report  # noqa: E402
 from precision_accuracy import compare  # noqa: E402
+from forward_compare import compare as forward_compare  # noqa: E402
+from forward_cost import render as forward_cost_render  # noqa: E402
 
 
 def render(md: str) -> str:
@@ -127,6 +133,14 @@ def render(md: str) -> str:
 
         return m.group(1) + "\n" + failure_table(dirs(m.group(2)), ROOT) + "\n\n" + m.group(4)
 
+    def forward(m: re.Match) -> str:  # one set of prompts in several forward precisions (benchmarks/forward_compare.py)
+        return m.group(1) + "\n" + forward_compare(ROOT / m.group(2)).split("\n", 2)[2].strip() + "\n\n" + m.group(4)
+
+    def forward_cost(m: re.Match) -> str:  # a forward's cost per precision (benchmarks/forward_cost.py's JSON)
+        text = forward_cost_render(json.loads((ROOT / m.group(2)).read_text(encoding="utf-8")))
+        return m.group(1) + "\n" + text.split("\n", 2)[2].strip() + "\n\n" + m.group(4)
+
+    md = FORWARD_COST.sub(forward_cost, FORWARD.sub(forward, md))
     md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
     return FLY_DEFAULT.sub(fly_default, CALIBRATION.sub(calibration, md))
