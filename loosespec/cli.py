@@ -41,8 +41,9 @@ _MAX_CACHE_HELP = "Positions of the static cache: at least prompt + new tokens +
 _QUANTIZE_HELP = ("auto | none | int8 | int4. int8: Linear layers in int8 (weights per channel, activations per "
                   "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
                   "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
-                  "no SpecGuard; auto: int4 for a GGUF model where llama-cpp-python is installed, else int8 where "
-                  "--dtype auto finds no bfloat16 arithmetic on the CPU")
+                  "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
+                  "methods are not token-identical to ar in it; auto: int8 where --dtype auto finds no bfloat16 "
+                  "arithmetic on the CPU (never int4 for a target; see --draft-quantize)")
 
 _DRAFT_QUANTIZE_HELP = ("auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
                         "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "
@@ -426,8 +427,8 @@ def bench(
                                      "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
                                      "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
                                      "llama.cpp (make peers) llamacpp-ar, llamacpp-pld, llamacpp-spec (its server's "
-                                     "speculative decoding with the draft model), and vLLM (make vllm) vllm-ar, vllm-ngram, vllm-draft, vllm-fly, "
-                                     "vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
+                                     "speculative decoding with the draft model), and vLLM (make vllm) vllm-ar, "
+                                     "vllm-ngram, vllm-draft, vllm-fly, vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
                                      "the vllm-* methods when listed). A loosespec method with knobs set is "
                                      "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
@@ -508,10 +509,9 @@ def bench(
     from loosespec.models import pick_device
 
     resolved = str(pick_device(device))
+    from loosespec.decode.engine import draft_quantize_for
     from loosespec.hardware import resolve_precision
     from loosespec.models import has_gguf
-
-    from loosespec.decode.engine import draft_quantize_for
 
     precision = resolve_precision(dtype, quantize, pick_device(device), gguf=has_gguf(target))
     draft_precision = None if draft_spec is None else resolve_precision(
