@@ -52,7 +52,7 @@ def compare(root: Path) -> str:
              f"{hw.get('cpu')} ({' '.join(hw.get('cpu_flags', []))}), {hw.get('threads')} threads; "
              f"{len({q for d in data.values() for q, _ in d})} Spec-Bench prompts.", "",
              "| target / draft | method | n | tok/s | vs ar (same dir) | vs llamacpp-ar (same dir) | vs int8 ar | "
-             "identical to ar | draft-model rounds |",
+             "identical to ar | draft-model rounds (llamacpp-spec: accepted/drafted tokens) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, rows in data.items():
         cfg = configs[name]
@@ -68,11 +68,14 @@ def compare(root: Path) -> str:
             model_rounds = sum(r["stats"].get("rounds_model", 0) for r in own)
             total_rounds = sum(r["stats"].get("rounds", 0) for r in own)
             lossless = m.startswith(LOSSLESS_PREFIXES)
+            drafts = f"{model_rounds}/{total_rounds}" if "mla" in m or "model" in m else "-"
+            if m == "llamacpp-spec":  # llama.cpp's own counters (its timings' draft_n, draft_n_accepted)
+                drafts = f"{sum(r['accepted_tokens'] or 0 for r in own)}/{sum(r['drafted_tokens'] or 0 for r in own)}"
             ratio = lambda xs: f"{geomean(xs):.2f}x" if xs else "-"  # noqa: E731
             lines.append(f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | {ratio(vs_ar)} | "
                          f"{ratio(vs_llama)} | {ratio(vs_ar8)} | "
                          f"{f'{sum(same)}/{len(same)}' if lossless and not m.startswith('llamacpp') else '-'} | "
-                         f"{f'{model_rounds}/{total_rounds}' if 'mla' in m or 'model' in m else '-'} |")
+                         f"{drafts} |")
     return "\n".join(lines) + "\n"
 
 
