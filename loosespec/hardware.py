@@ -200,8 +200,8 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
     if quantize == "auto" and role == "draft" and gguf and llamacpp:
         return Precision("float32", "int4",
                          "a draft with a GGUF file and llama.cpp installed: a draft only proposes, llama.cpp's 4-bit "
-                         "forward is the cheapest (it reads about half of int8's bytes per token), and its rounding "
-                         "cannot change what the target accepts")
+                         "forward reads the fewest bytes per token (benchmarks/forward_cost.py measures it against "
+                         "int8), and its rounding cannot change what the target accepts")
     cpu = cpu or cpu_info()
     if cpu.bf16:
         flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
