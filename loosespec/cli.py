@@ -219,7 +219,7 @@ def generate(
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize,
                          cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
-                         draft_quantize=draft_quantize)
+                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard")
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -342,7 +342,8 @@ def calibrate(
     cfg = DecodeConfig.create("specguard", kw.pop("drafter", None), has_draft_model=True, **kw)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-    engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize)
+    engine = Engine.load(target, draft, dtype=dtype, device=device, quantize=quantize,
+                         torch_draft=True)  # SpecGuard reads the draft's attentions
     from loosespec.eval.calibrate import calibrate_specguard, format_analysis
 
     steps_file = None if out is None else out.with_name(out.stem + ".steps.jsonl")
@@ -509,14 +510,17 @@ def bench(
     from loosespec.models import pick_device
 
     resolved = str(pick_device(device))
-    from loosespec.decode.engine import draft_quantize_for
+    from loosespec.decode.engine import draft_quantize_for, draft_role
     from loosespec.hardware import resolve_precision
     from loosespec.models import has_gguf
+
+    # SpecGuard reads the draft's attentions and hf-assist runs it in transformers: no llama.cpp draft for them
+    torch_draft = any(m == "hf-assist" or B.bench_method(m).method == "specguard" for m in method_list)
 
     precision = resolve_precision(dtype, quantize, pick_device(device), gguf=has_gguf(target))
     draft_precision = None if draft_spec is None else resolve_precision(
         dtype, draft_quantize_for(quantize, draft_quantize), pick_device(device), gguf=has_gguf(draft_spec),
-        role="draft").name
+        role=draft_role(torch_draft)).name
     config = B.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
                           draft_dtype=draft_precision,
                           adaptive_draft_length=adaptive_draft_length,
@@ -542,7 +546,7 @@ def bench(
 
         engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize,
                              cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
-                             draft_quantize=draft_quantize)
+                             draft_quantize=draft_quantize, torch_draft=torch_draft)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
@@ -690,7 +694,7 @@ def serve(
         raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
                              "pass --draft")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, quantize=quantize,
-                         draft_quantize=draft_quantize)
+                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard")
     name = served_model_name or target
     settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
                               max_queue=max_queue, max_tokens_default=max_tokens_default)

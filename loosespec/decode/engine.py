@@ -228,6 +228,12 @@ def draft_quantize_for(quantize: str, draft_quantize: str = "auto") -> str:
     return draft_quantize if draft_quantize != "auto" else quantize
 
 
+def draft_role(torch_draft: bool) -> str:
+    """The role the draft's ``auto`` precision is resolved for: ``target`` (never int4) when something will run the
+    draft as a transformers model (SpecGuard's attentions, transformers' assisted generation), else ``draft``."""
+    return "target" if torch_draft else "draft"
+
+
 def _output_rows(model) -> int:
     """Rows of the output embedding (the logits' width): an ``nn.Linear`` or loosespec's int8 layer."""
     head = model.get_output_embeddings()
@@ -283,11 +289,13 @@ class Engine:
     def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
              device: str = "auto", progress: bool = True, quantize: str = "auto",
              cache_implementation: str = "dynamic", compile: bool = False,
-             max_cache_len: int = DEFAULT_MAX_CACHE_LEN, draft_quantize: str = "auto") -> "Engine":
+             max_cache_len: int = DEFAULT_MAX_CACHE_LEN, draft_quantize: str = "auto",
+             torch_draft: bool = False) -> "Engine":
         """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
         (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
         when that is given, and with ``quantize="auto"`` the draft's own choice (int4 in llama.cpp for a GGUF draft
-        where llama-cpp-python is installed: :func:`draft_quantize_for`). The cache options: :meth:`__init__`."""
+        where llama-cpp-python is installed: :func:`draft_quantize_for`), unless ``torch_draft`` (SpecGuard,
+        transformers' assisted generation: :func:`draft_role`). The cache options: :meth:`__init__`."""
         check_cache_options(cache_implementation, compile)  # before loading anything
         from loosespec.hardware import QUANTIZE_CHOICES
 
@@ -295,7 +303,8 @@ class Engine:
             raise LoosespecError(f"unknown quantize '{draft_quantize}' for the draft (--draft-quantize); choose one "
                                  f"of: {', '.join(QUANTIZE_CHOICES)}")
         t = load(target, dtype, device, progress, quantize)
-        d = (load(draft, dtype, str(t.model.device), progress, draft_quantize_for(quantize, draft_quantize), "draft")
+        d = (load(draft, dtype, str(t.model.device), progress, draft_quantize_for(quantize, draft_quantize),
+                  draft_role(torch_draft))
              if draft not in (None, "none") else None)
         e = cls(t, d, cache_implementation, compile, max_cache_len)
         e.progress = progress

@@ -117,6 +117,15 @@ def test_the_drafts_quantize_follows_an_explicit_target_choice():
     assert draft_quantize_for("int8", "int4") == "int4"  # unless told otherwise
 
 
+def test_a_draft_that_transformers_runs_is_never_put_in_llamacpp_by_auto():
+    from loosespec.decode.engine import draft_role
+    from loosespec.hardware import resolve_precision
+
+    kw = dict(engine="x86", gguf=True, llamacpp=True)
+    assert resolve_precision("auto", "auto", "cpu", role=draft_role(False), **kw).name == "int4"
+    assert resolve_precision("auto", "auto", "cpu", role=draft_role(True), **kw).name != "int4"
+
+
 needs_llama = pytest.mark.skipif(not gguf.available(), reason="llama-cpp-python not installed (make peers)")
 
 
