@@ -154,10 +154,10 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
     device = torch.device(device)
     if engine is False:
         engine = int8_engine()
-    if llamacpp is None:
-        from loosespec.decode.gguf import available
+    if llamacpp is None:  # installed, without importing it (the import loads a shared library)
+        import importlib.util
 
-        llamacpp = available()
+        llamacpp = importlib.util.find_spec("llama_cpp") is not None
     if quantize == "int4":
         if device.type != "cpu":
             raise LoosespecError(f"--quantize int4 runs the GGUF weights in llama.cpp on the CPU; on {device.type} use "

@@ -116,3 +116,17 @@ def test_auto_runs_a_gguf_draft_in_llamacpp_and_keeps_the_target_batch_invariant
     for other in (dict(kw, llamacpp=False), dict(kw, gguf=False)):
         assert resolve_precision("auto", "auto", "cpu", role="draft", **other).name == target.name
     assert resolve_precision("auto", "int8", "cpu", role="draft", **kw).name == "int8"  # asked for: kept
+
+
+def test_memory_bandwidth_counts_what_each_kind_moves(monkeypatch):
+    """copy moves the array twice (read and write), read once: with a clock that advances one second per call
+    around each pass, the two kinds differ by exactly that factor."""
+    import loosespec.hardware as hw
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr("time.perf_counter", lambda: float(next(ticks)))
+    mib = 1 << 20
+    assert hw.memory_bandwidth("copy", size_mib=4, repeats=3) == pytest.approx(2 * 4 * mib / 1e9)
+    assert hw.memory_bandwidth("read", size_mib=4, repeats=3) == pytest.approx(4 * mib / 1e9)
+    with pytest.raises(ValueError, match="copy or read"):
+        hw.memory_bandwidth("write")
