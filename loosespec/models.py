@@ -422,9 +422,17 @@ def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = 
     return LoadedModel(src, model, tokenizer, precision)
 
 
+def gguf_path(spec: str) -> Path | None:
+    """The GGUF file behind a model spec: an embedded model's assembled file, or a ``.gguf`` path; None for a
+    directory or a hub id (whether the file exists yet is the caller's to check)."""
+    if spec in EMBEDDED:
+        return _gguf_path(spec)
+    return Path(spec).expanduser() if spec.endswith(".gguf") else None
+
+
 def has_gguf(spec: str) -> bool:
     """Whether a model spec names a GGUF file llama.cpp can run (an embedded model, or a ``.gguf`` path)."""
-    return spec in EMBEDDED or spec.endswith(".gguf")
+    return gguf_path(spec) is not None
 
 
 def _load_gguf(spec: str, src: ModelSource, precision: Precision) -> LoadedModel:
@@ -435,7 +443,7 @@ def _load_gguf(spec: str, src: ModelSource, precision: Precision) -> LoadedModel
 
     from loosespec.decode.gguf import GgufModel
 
-    path = _gguf_path(spec) if spec in EMBEDDED else Path(spec).expanduser()
+    path = gguf_path(spec)
     try:
         generation = GenerationConfig.from_pretrained(src.path)
     except OSError:  # no generation_config.json: the model's defaults

@@ -1056,7 +1056,7 @@ def run_config(*, target: str, draft: str | None, dtype: str, device: str, datas
     from loosespec import __version__
 
     return {"target": target, "draft": draft, "dtype": dtype, "device": device, "dataset": dataset,
-            "draft_dtype": draft_dtype if draft is not None and draft_dtype is not None else (dtype if draft else None),
+            "draft_dtype": None if draft is None else draft_dtype or dtype,
             "dataset_options": options, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "top_p": top_p, "top_k": top_k, "seed": seed, "sg_tau": sg_tau, "scorer": scorer,
             "adaptive_draft_length": adaptive_draft_length, "fly_window_meaning": FLY_WINDOW_MEANING,

@@ -23,13 +23,10 @@ MIN_CONTEXT = 2048
 
 def gguf_file(spec: str) -> Path:
     """The GGUF file behind a model spec (an embedded model's assembled file, or a ``.gguf`` path)."""
-    from loosespec.models import EMBEDDED, _gguf_path
+    from loosespec.models import gguf_path
 
-    if spec in EMBEDDED:
-        path = _gguf_path(spec)
-    elif spec.endswith(".gguf"):
-        path = Path(spec).expanduser()
-    else:
+    path = gguf_path(spec)
+    if path is None:
         raise LoosespecError(f"llamacpp-* methods run a GGUF file: the target '{spec}' is neither an embedded "
                              "model nor a .gguf file")
     if not path.is_file():
