@@ -151,9 +151,9 @@ def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, re
     curve = CostCurve(curve.ns, curve.seconds, {**identity, "context": measure_kw.get("context", CONTEXT),
                                                 "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
-    tmp.replace(path)
+    from loosespec.fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(curve.to_dict(), indent=1))  # two processes measuring never share a temp file
     return curve
 
 

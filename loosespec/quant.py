@@ -33,6 +33,7 @@ the quantization.
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from pathlib import Path
 
@@ -191,7 +192,15 @@ def quantize_model(model: nn.Module, cache: Path | None = None) -> nn.Module:
     use_rowwise_attention(model)
     if cache is not None and fresh:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_suffix(".partial")
-        save_file(fresh, str(partial), metadata={"format": FORMAT})
-        partial.replace(cache)
+        import tempfile
+
+        # a temporary file of this process's own (two first loads never share one), renamed whole
+        fd, partial = tempfile.mkstemp(prefix=f".{cache.name}.", suffix=".partial", dir=cache.parent)
+        os.close(fd)
+        try:
+            save_file(fresh, partial, metadata={"format": FORMAT})
+            os.replace(partial, cache)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
     return model
