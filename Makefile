@@ -41,7 +41,7 @@ demo: setup
 # results/specguard_gsm8k.*, was folded into it). Same settings as those runs: bfloat16, K every round, greedy.
 # lossless methods vs transformers' own speculative decoding: first 5 HumanEval prompts, 128 new tokens
 bench-speed: setup
-	$(BIN)/loosespec bench --dataset humaneval --limit 5 --max-new-tokens 128 $(LEGACY) \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit 5 --max-new-tokens 128 $(LEGACY) \
 		--methods ar,exact-ngram,exact-model,exact-mla,hf-ar,hf-pld,hf-assist --out $(BENCH_DIR)/speed-lossless
 
 # FLy (lossy) vs exact per category: BENCH_N prompts per category, BENCH_TOKENS new tokens
@@ -49,7 +49,7 @@ BENCH_N ?= 10
 BENCH_TOKENS ?= 256
 FLY_METHODS = ar,exact-ngram,exact-mla,fly-ngram,fly-mla,hf-pld
 bench-fly: setup
-	$(BIN)/loosespec bench --dataset humaneval --limit $(BENCH_N) --max-new-tokens $(BENCH_TOKENS) $(LEGACY) \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(BENCH_N) --max-new-tokens $(BENCH_TOKENS) $(LEGACY) \
 		--methods $(FLY_METHODS) --out $(BENCH_DIR)/speed-fly/humaneval
 	$(BIN)/loosespec bench --dataset specbench --category summarization,math_reasoning --limit $(BENCH_N) \
 		--max-new-tokens $(BENCH_TOKENS) $(LEGACY) --methods $(FLY_METHODS) --out $(BENCH_DIR)/speed-fly/specbench
@@ -84,7 +84,7 @@ LEGACY = --dtype bfloat16 --fixed-draft-length
 # of timed generation on the 2-core development CPU, plus loading and warm-ups). Each run resumes where it stopped; larger limits only add pairs.
 BENCH_DIR ?= results/bench
 benchmarks: setup
-	$(BIN)/loosespec bench --dataset humaneval --limit 3 --out $(BENCH_DIR)/humaneval $(LEGACY) \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit 3 --out $(BENCH_DIR)/humaneval $(LEGACY) \
 		--methods ar,exact-ngram,fly-ngram,hf-pld
 	$(BIN)/loosespec bench --dataset gsm8k --limit 3 --max-new-tokens 384 --out $(BENCH_DIR)/gsm8k $(LEGACY) \
 		--methods ar,exact-mla,fly-ngram,fly-mla,hf-pld,hf-assist
@@ -101,7 +101,7 @@ XTOK_DRAFTS ?= qwen2.5-coder-0.5b-instruct smollm2-135m-instruct gemma-3-270m
 bench-xtok: setup
 	for d in $(XTOK_DRAFTS); do \
 	  $(BIN)/loosespec models pull $$d || exit 1; \
-	  $(BIN)/loosespec bench --dataset humaneval --limit $(XTOK_N) --max-new-tokens 128 --draft $$d $(LEGACY) \
+	  $(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(XTOK_N) --max-new-tokens 128 --draft $$d $(LEGACY) \
 	    --out $(BENCH_DIR)/xtok/humaneval-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
 	  $(BIN)/loosespec bench --dataset specbench --category mt_bench --limit $(XTOK_N) --max-new-tokens 128 $(LEGACY) \
 	    --draft $$d --out $(BENCH_DIR)/xtok/mtbench-$$d --methods ar,exact-model,fly-model,fly-mla || exit 1; \
@@ -152,7 +152,7 @@ bench-vllm: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(VLLM_N) --max-new-tokens 384 --out $(BENCH_DIR)/vllm/gsm8k $(VLLM_ARGS)
-	$(BIN)/loosespec bench --dataset humaneval --limit $(VLLM_HE_N) --max-new-tokens 256 \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(VLLM_HE_N) --max-new-tokens 256 \
 		--out $(BENCH_DIR)/vllm/humaneval $(VLLM_ARGS)
 
 # vllm-ar, vllm-draft and vllm-fly (LOSSY) under concurrent load: the first VLLM_LOAD_N GSM8K problems sent
@@ -200,7 +200,7 @@ CPU_CATEGORIES ?= summarization math_reasoning translation
 bench-cpu: setup peers
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
-	$(BIN)/loosespec bench --dataset humaneval --limit $(CPU_N) --max-new-tokens $(CPU_TOKENS) --no-plots \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(CPU_N) --max-new-tokens $(CPU_TOKENS) --no-plots \
 		--out $(BENCH_DIR)/cpu/humaneval --methods $(CPU_METHODS)
 	for c in $(CPU_CATEGORIES); do \
 	  $(BIN)/loosespec bench --dataset specbench --category $$c --limit $(CPU_N) --max-new-tokens $(CPU_TOKENS) \
@@ -232,7 +232,7 @@ bench-forward: evidence-models peers
 # Resumable (results/calibration/fly.runs.jsonl); wall-clock tokens/s: run it on a quiet machine.
 FLY_CAL_N ?= 30
 calibrate-fly: evidence-models
-	$(BIN)/loosespec calibrate --method fly --quantize int8 --dataset gsm8k-train,mbpp-train --limit $(FLY_CAL_N) \
+	$(BIN)/loosespec calibrate --method fly --quantize int8 --dataset gsm8k-train,mbpp-train --allow-code-execution --limit $(FLY_CAL_N) \
 		--max-new-tokens 384 --out results/calibration/fly.json
 
 # FLy's default against exact verification's default (issue 41's acceptance): Spec-Bench, FLYDEF_SB_N prompts per
@@ -245,7 +245,7 @@ FLYDEF_METHODS ?= ar,exact-mla,fly-mla
 bench-fly-default: evidence-models
 	$(BIN)/loosespec bench --quantize int8 --dataset specbench --limit $(FLYDEF_SB_N) --max-new-tokens 256 --no-plots \
 		--methods $(FLYDEF_METHODS) --out $(FLYDEF_DIR)/specbench
-	$(BIN)/loosespec bench --quantize int8 --dataset humaneval --limit $(FLYDEF_HE_N) --max-new-tokens 512 --no-plots \
+	$(BIN)/loosespec bench --quantize int8 --dataset humaneval --allow-code-execution --limit $(FLYDEF_HE_N) --max-new-tokens 512 --no-plots \
 		--methods $(FLYDEF_METHODS) --out $(FLYDEF_DIR)/humaneval
 	$(BIN)/python benchmarks/fly_acceptance.py $(FLYDEF_DIR) | tee $(FLYDEF_DIR)/acceptance.md
 
@@ -270,7 +270,7 @@ evidence-models: setup
 EVID_HUMANEVAL_N ?= 164
 EVID_HUMANEVAL_METHODS ?= ar,exact-ngram,fly-ngram,fly-mla,hf-pld,llamacpp-ar,fly-mla@fly_copy_guard=4
 evidence-humaneval: evidence-models peers
-	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset humaneval --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
+	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset humaneval --allow-code-execution --limit $(EVID_HUMANEVAL_N) --max-new-tokens 512 \
 		--methods $(EVID_HUMANEVAL_METHODS) --out $(EVIDENCE_DIR)/humaneval
 # MGSM in two languages far from English, EVID_MGSM_N per language; with FLy's copy guard (a labeled LOSSY
 # variant, off by default: --fly-copy-guard) against the failure class read in these runs
@@ -316,7 +316,7 @@ bench-precision: setup
 	for p in "int8 --quantize int8" "float32 --dtype float32 --quantize none"; do set -- $$p; name=$$1; shift; \
 	  $(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) $$@ \
 	    --out $(BENCH_DIR)/precision/gsm8k-$$name || exit 1; \
-	  $(BIN)/loosespec bench --dataset humaneval --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) $$@ \
+	  $(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) $$@ \
 	    --out $(BENCH_DIR)/precision/humaneval-$$name || exit 1; \
 	done
 	for s in gsm8k humaneval; do $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int8 \
@@ -327,7 +327,7 @@ bench-precision: setup
 bench-precision-int4: setup peers
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize int4 \
 	  --out $(BENCH_DIR)/precision/gsm8k-int4
-	$(BIN)/loosespec bench --dataset humaneval --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize int4 \
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize int4 \
 	  --out $(BENCH_DIR)/precision/humaneval-int4
 	for s in gsm8k humaneval; do for o in int8 float32; do \
 	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int4 $(BENCH_DIR)/precision/$$s-$$o; \

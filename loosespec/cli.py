@@ -263,6 +263,11 @@ def generate(
         print(json.dumps(out))
 
 
+_ALLOW_CODE_HELP = ("Run model-written code to score humaneval and mbpp-train (pass@1), in loosespec's sandbox "
+                    "(also: LOOSESPEC_ALLOW_CODE_EXECUTION=1). Without it those sets are refused.")
+_SANDBOX_HELP = ("auto | full | net | none: the sandbox that model-written code runs in (also: LOOSESPEC_SANDBOX). "
+                 "auto: the best this machine gives, and never none (no isolation), which must be named; see the "
+                 "README's 'Evaluation' section for what each mode protects.")
 _DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the copies shipped with loosespec "
                   "(a file missing there comes from $LOOSESPEC_DATA, then the shipped copy); 'hub': the standard "
                   "Hugging Face Hub datasets (pip install 'loosespec[hub]').")
@@ -297,6 +302,8 @@ def calibrate(
     data_dir: Optional[str] = typer.Option(None, help=_DATA_DIR_HELP),
     out: Optional[Path] = typer.Option(None, help="Write the report here (JSON; a .md table beside it; the per-problem "
                                        "records in OUT.steps.jsonl for specguard, OUT.runs.jsonl for fly)."),
+    allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=_ALLOW_CODE_HELP),
+    sandbox: Optional[str] = typer.Option(None, help=_SANDBOX_HELP),
     **knobs,
 ):
     """Calibrate a LOSSY method's thresholds on problems no benchmark reads.
@@ -332,9 +339,16 @@ def calibrate(
     sets = [d.strip() for d in dataset.split(",") if d.strip()]
     if not sets:
         raise LoosespecError("--dataset names no set")
+    from loosespec.eval import datasets as D
+
+    sandbox_mode = D.check_code_execution(sets, allow_code_execution, sandbox)  # before anything loads
+    if sandbox_mode is not None:
+        print(f"# model-written code is scored in the sandbox, mode {sandbox_mode}", file=sys.stderr)
     if method == "fly":
         return _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, target, draft,
-                              dtype, quantize, device, data_dir, out, knob_values(knobs))
+                              dtype, quantize, device, data_dir, out, knob_values(knobs),
+                              score_options={} if sandbox_mode is None else
+                              {"allow_code_execution": True, "sandbox": sandbox_mode})
     if len(sets) > 1:
         raise LoosespecError("calibrate --method specguard takes one --dataset")
     problems = load_dataset(sets[0], limit, data_dir)
@@ -353,13 +367,15 @@ def calibrate(
         raise LoosespecError(str(e)) from None
     report["command"] = " ".join(["loosespec"] + sys.argv[1:])
     if out is not None:
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        out.with_suffix(".md").write_text(format_analysis(report) + "\n")
+        from loosespec.fileio import atomic_write_text
+
+        atomic_write_text(out, json.dumps(report, indent=1) + "\n")  # replaced whole: never a torn report
+        atomic_write_text(out.with_suffix(".md"), format_analysis(report) + "\n")
     print(format_analysis(report))
 
 
 def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, target, draft, dtype, quantize,
-                   device, data_dir, out, kw) -> None:
+                   device, data_dir, out, kw, score_options) -> None:
     """``calibrate --method fly`` (loosespec.eval.calibrate_fly)."""
     from loosespec.decode.engine import Engine
     from loosespec.decode.text import encode_prompt
@@ -392,7 +408,9 @@ def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_reten
     runs = None if out is None else out.with_name(out.stem + ".runs.jsonl")
     report = calibrate_fly(engine, problems, settings, max_new_tokens=kw.get("max_new_tokens", 256),
                            encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
-                           scorer=lambda p, text: D.score(set_of[p.id], p, text), confirm=confirm,
+                           scorer=lambda p, text: D.score(set_of[p.id], p, text,
+                                                          **(score_options if D.executes_code(set_of[p.id]) else {})),
+                           confirm=confirm,
                            min_retention=min_retention, runs_file=runs, log=tqdm_write)
     from loosespec.eval.harness import hardware, machine_label
 
@@ -400,8 +418,10 @@ def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_reten
                   target=target, draft=draft, precision=engine.precision, hardware=machine_label(hardware()))
     text = format_report(report)
     if out is not None:
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        out.with_suffix(".md").write_text(text + "\n")
+        from loosespec.fileio import atomic_write_text
+
+        atomic_write_text(out, json.dumps(report, indent=1) + "\n")  # replaced whole: never a torn report
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
     print(text)
 
 
@@ -460,6 +480,8 @@ def bench(
     vllm_max_num_batched_tokens: Optional[int] = typer.Option(
         None, help="vllm-* methods: vLLM's --max-num-batched-tokens (default: vLLM's). vLLM profiles a forward of "
         "this many tokens at every start: small values start much faster on a CPU."),
+    allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=_ALLOW_CODE_HELP),
+    sandbox: Optional[str] = typer.Option(None, help=_SANDBOX_HELP),
     **knobs,
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
@@ -477,6 +499,10 @@ def bench(
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     method_list = B.parse_methods(methods)
+    sandbox_mode = D.check_code_execution([dataset], allow_code_execution, sandbox)  # before anything loads
+    if sandbox_mode is not None:
+        print(f"# model-written code is scored in the sandbox, mode {sandbox_mode}", file=sys.stderr)
+    score_options = {} if sandbox_mode is None else {"allow_code_execution": True, "sandbox": sandbox_mode}
     if sweep is not None:
         knob, eq, values = sweep.partition("=")
         values = [v.strip() for v in values.split(",") if v.strip()]

@@ -181,3 +181,22 @@ def test_static_cache_options_refuse_what_they_cannot_do(tiny_dir, tmp_path):
             str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--cache-implementation", "static",
             "--out", str(tmp_path / "b"))
     assert_one_line_error(p, "specguard methods need --cache-implementation dynamic")
+
+
+def test_code_execution_is_opt_in(tiny_dir, tmp_path, monkeypatch):
+    """Scoring HumanEval or MBPP runs model-written code: without --allow-code-execution (or the environment
+    variable) the run stops before anything loads or is written; --sandbox names its mode or refuses."""
+    monkeypatch.delenv("LOOSESPEC_ALLOW_CODE_EXECUTION", raising=False)
+    monkeypatch.delenv("LOOSESPEC_SANDBOX", raising=False)
+    out = tmp_path / "he"
+    p = cli("bench", "--target", str(tiny_dir / "target"), "--draft", "none", "--dataset", "humaneval",
+            "--methods", "ar", "--limit", "1", "--out", str(out))
+    assert_one_line_error(p, "--allow-code-execution", "LOOSESPEC_ALLOW_CODE_EXECUTION")
+    assert not out.exists()
+    p = cli("calibrate", "--method", "fly", "--dataset", "mbpp-train", "--target", str(tiny_dir / "target"),
+            "--draft", str(tiny_dir / "target"))
+    assert_one_line_error(p, "mbpp-train", "--allow-code-execution")
+    p = cli("bench", "--target", str(tiny_dir / "target"), "--draft", "none", "--dataset", "humaneval",
+            "--methods", "ar", "--out", str(out), "--allow-code-execution", "--sandbox", "jail")
+    assert_one_line_error(p, "unknown sandbox mode 'jail'")
+    assert not out.exists()

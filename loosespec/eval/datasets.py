@@ -83,7 +83,6 @@ import math
 import os
 import random
 import re
-import secrets
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -604,6 +603,50 @@ def is_correct(output: str, gold: str) -> bool:
 
 # --------------------------------------------------------------------------------------------- scorers
 
+VERDICT_STATUSES = ("right", "wrong", "error", "unscored")
+
+
+class ScoringError(LoosespecError):
+    """The scoring failed, not the answer (the sandbox could not start, a scorer's own bug): no verdict, so the
+    harness stores no score, counts the row apart and scores it again on resume. ``detail`` goes in the row."""
+
+    def __init__(self, message: str, detail: Mapping | None = None):
+        super().__init__(message)
+        self.detail = dict(detail or {})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What scoring one output found.
+
+    ``status``: ``"right"``, ``"wrong"`` (a program under test that failed, timed out or ran out of memory
+    included; ``detail["program"]`` says which), ``"error"`` (the harness failed: no answer, excluded from
+    accuracy and retried) or ``"unscored"`` (the set has no scorer). ``detail``: JSON-able facts for the
+    row, e.g. ``{"sandbox": "full", "program": "timeout"}``.
+    """
+    status: str
+    detail: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in VERDICT_STATUSES:
+            raise ValueError(f"verdict status {self.status!r} is not one of {VERDICT_STATUSES}")
+
+    @property
+    def score(self) -> bool | None:
+        """True (right), False (wrong), None (no answer: an error, or a set with no scorer)."""
+        return {"right": True, "wrong": False}.get(self.status)
+
+
+def as_verdict(value) -> Verdict:
+    """A scorer's return value as a :class:`Verdict`: a Verdict as it is, ``True``/``False`` as right/wrong,
+    ``None`` as unscored (plain callables, e.g. tests' lambdas, may return bools)."""
+    if isinstance(value, Verdict):
+        return value
+    if value is None:
+        return Verdict("unscored")
+    return Verdict("right" if value else "wrong")
+
+
 def _score_number(problem: Problem, output: str) -> bool:
     return is_correct(output, problem.answer)
 
@@ -614,15 +657,17 @@ def _score_math500(problem: Problem, output: str) -> bool:
     # math_verify's timeouts use signal.alarm, which only works on the main thread
     main = threading.current_thread() is threading.main_thread()
     timeout = {"parsing_timeout": 5} if main else {"parsing_timeout": None}
-    try:
-        gold = parse("$" + problem.answer + "$", **timeout)
-        # the last \boxed{} only: math_verify reads several boxes as a set, so an output that also
-        # boxes an intermediate result would otherwise be scored wrong
-        last = output.rfind("\\boxed")
-        pred = parse(output[last:] if last >= 0 else output, **timeout)
-        return bool(gold and pred and verify(gold, pred, timeout_seconds=5 if main else None))
-    except Exception:  # a parse/verify failure or timeout is a wrong answer, never a crash
-        return False
+    # math_verify turns an unparsable output or a timeout into an empty parse / False (its raise_on_error
+    # is off): a wrong answer. Any exception that still gets out is a failure of the scoring (a bug, a missing
+    # dependency): judge() records it as an error, not a wrong answer.
+    gold = parse("$" + problem.answer + "$", **timeout)
+    if not gold:
+        raise ScoringError(f"math_verify could not parse {problem.id}'s gold answer {problem.answer!r}")
+    # the last \boxed{} only: math_verify reads several boxes as a set, so an output that also
+    # boxes an intermediate result would otherwise be scored wrong
+    last = output.rfind("\\boxed")
+    pred = parse(output[last:] if last >= 0 else output, **timeout)
+    return bool(pred and verify(gold, pred, timeout_seconds=5 if main else None))
 
 
 def _defines(code: str, name: str) -> bool:
@@ -671,17 +716,55 @@ def humaneval_program(problem: Problem, output: str, with_tests: bool = True) ->
     return program
 
 
-def _score_humaneval(problem: Problem, output: str, timeout_s: float = 10.0, memory_mb: int = 1024) -> bool:
-    try:
-        from loosespec.eval.sandbox import run_python
-    except ImportError as e:
-        raise LoosespecError(f"humaneval scoring needs loosespec.eval.sandbox, which failed to import: {e}") from e
-    # pass = exit status 0 AND a per-run secret printed after check(): a completion that calls
-    # sys.exit(0) or os._exit(0) before the tests cannot pass
-    marker = "LOOSESPEC-PASSED-" + secrets.token_hex(8)
-    program = humaneval_program(problem, output) + f"print({marker!r})\n"
-    result = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb)
-    return bool(result.passed and marker in result.stdout)
+CODE_EXECUTION_ENV = "LOOSESPEC_ALLOW_CODE_EXECUTION"
+CODE_EXECUTION_REFUSAL = ("{name} is scored by running model-written code; pass --allow-code-execution (or set "
+                          "LOOSESPEC_ALLOW_CODE_EXECUTION=1) to run it in loosespec's sandbox (see the README's "
+                          "'Evaluation' section)")
+
+
+def code_execution_allowed(flag: bool = False) -> bool:
+    """Whether running model-written code was asked for: ``flag`` (``--allow-code-execution``), or
+    ``$LOOSESPEC_ALLOW_CODE_EXECUTION`` set to 1/true/yes (for CI)."""
+    return bool(flag) or os.environ.get(CODE_EXECUTION_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def executes_code(name: str) -> bool:
+    """Whether scoring dataset ``name`` runs model-written code (HumanEval, MBPP)."""
+    return _spec(name).scorer is _score_humaneval
+
+
+def check_code_execution(names: Sequence[str], allow: bool = False, sandbox: str | None = None) -> str | None:
+    """Before a run: refuse (one line) a set whose scoring runs model-written code unless it was allowed, and
+    resolve the sandbox mode it will run in (None when no set runs code). Raises :class:`LoosespecError`."""
+    code_sets = [n for n in dict.fromkeys(names) if executes_code(n)]
+    if not code_sets:
+        return None
+    if not code_execution_allowed(allow):
+        raise LoosespecError(CODE_EXECUTION_REFUSAL.format(name=" and ".join(code_sets)))
+    from loosespec.eval.sandbox import resolve_mode
+
+    return resolve_mode(sandbox)
+
+
+def _score_humaneval(problem: Problem, output: str, timeout_s: float = 10.0, memory_mb: int = 1024,
+                     allow_code_execution: bool = False, sandbox: str | None = None) -> Verdict:
+    """pass@1 of one reply: the program (prompt + the reply's code) runs in the sandbox; the problem's tests run
+    in a separate driver process that calls it (:func:`loosespec.eval.sandbox.run_tests`), so the code under
+    test cannot forge its verdict. Needs ``allow_code_execution`` (or the environment variable)."""
+    if not code_execution_allowed(allow_code_execution):
+        raise LoosespecError(CODE_EXECUTION_REFUSAL.format(name=problem.category or "this set"))
+    from loosespec.eval.sandbox import run_tests
+
+    result = run_tests(humaneval_program(problem, output, with_tests=False), prompt=problem.meta["prompt"],
+                       test=problem.meta["test"], entry_point=problem.meta["entry_point"], timeout_s=timeout_s,
+                       memory_mb=memory_mb, mode=sandbox)
+    detail = {"sandbox": result.mode, "program": result.status}
+    if result.detail:
+        detail["reason"] = result.detail[-500:]
+    if result.status == "error":
+        raise ScoringError(f"the sandbox could not score {problem.id}: {result.detail or result.stderr[-300:]}",
+                           detail)
+    return Verdict("right" if result.passed else "wrong", detail)
 
 
 def _score_niah(problem: Problem, output: str) -> bool:
@@ -710,6 +793,8 @@ class DatasetSpec:
         return self.loader(limit, directory, **options)  # DATASETS[name](limit, directory) as before
 
 
+_CODE_SCORE_OPTIONS = {"timeout_s": 10.0, "memory_mb": 1024, "allow_code_execution": False, "sandbox": None}
+
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("gsm8k", gsm8k, {}, _score_number, {},
                 "numeric: extract_number (last 'The answer is N', else '#### N' or \\boxed{N}, else the last number) "
@@ -719,10 +804,10 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 "numeric, as gsm8k: extract_number (last 'The answer is N', else the last number) == answer_number"),
     DatasetSpec("math500", math500, {}, _score_math500, {},
                 "math_verify: verify(parse('$' + gold + '$'), parse(output)), \\boxed{} content preferred"),
-    DatasetSpec("humaneval", humaneval, {}, _score_humaneval, {"timeout_s": 10.0, "memory_mb": 1024},
+    DatasetSpec("humaneval", humaneval, {}, _score_humaneval, _CODE_SCORE_OPTIONS,
                 "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox",
                 short_answer=False),
-    DatasetSpec("mbpp-train", mbpp_train, {}, _score_humaneval, {"timeout_s": 10.0, "memory_mb": 1024},
+    DatasetSpec("mbpp-train", mbpp_train, {}, _score_humaneval, _CODE_SCORE_OPTIONS,
                 "pass@1 as humaneval: code from the reply + MBPP's asserts run in the sandbox (MBPP's train split, "
                 "for calibration)", short_answer=False),
     DatasetSpec("specbench", specbench, {"category": None}, None, {},
@@ -760,13 +845,36 @@ def load_dataset(name: str, limit: int | None = None, directory: str | Path | No
     return spec.loader(limit, directory, **options)
 
 
-def score(name: str, problem: Problem, output: str, **options) -> bool | None:
-    """Whether ``output`` answers ``problem`` of dataset ``name``; ``None`` when the set has no scorer.
+def judge(name: str, problem: Problem, output: str, **options) -> Verdict:
+    """What scoring ``output`` for ``problem`` of dataset ``name`` found, as a :class:`Verdict`.
 
-    Options: humaneval ``timeout_s`` (10) and ``memory_mb`` (1024) for the sandbox.
+    Never raises for a failure of the scoring itself (a sandbox that could not start, a scorer's bug): that is
+    ``Verdict("error", ...)``, no answer. A program under test that fails, times out or runs out of memory is
+    ``"wrong"``. Bad options, and code execution that was not allowed, still raise :class:`LoosespecError`.
+    Options of the sets that run code (humaneval, mbpp-train): ``allow_code_execution`` (False: see
+    :func:`code_execution_allowed`), ``sandbox`` (None: :func:`loosespec.eval.sandbox.resolve_mode`'s),
+    ``timeout_s`` (10) and ``memory_mb`` (1024).
     """
     spec = _spec(name)
     _check_options(name, options, spec.score_options, "score")
     if spec.scorer is None:
-        return None
-    return spec.scorer(problem, output, **options)
+        return Verdict("unscored")
+    try:
+        return as_verdict(spec.scorer(problem, output, **options))
+    except ScoringError as e:
+        return Verdict("error", {"error": str(e), **e.detail})
+    except LoosespecError:
+        raise
+    except Exception as e:  # a scorer's bug is the harness's failure, not a wrong answer
+        return Verdict("error", {"error": f"{type(e).__name__}: {e}"})
+
+
+def score(name: str, problem: Problem, output: str, **options) -> bool | None:
+    """Whether ``output`` answers ``problem`` of dataset ``name``; ``None`` when the set has no scorer.
+
+    Raises :class:`ScoringError` when the scoring itself failed (see :func:`judge`, which reports it instead).
+    """
+    v = judge(name, problem, output, **options)
+    if v.status == "error":
+        raise ScoringError(v.detail.get("error", "scoring failed"), v.detail)
+    return v.score

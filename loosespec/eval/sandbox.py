@@ -1,13 +1,21 @@
 """Run untrusted Python (model-generated HumanEval completions) in a throw-away, limited subprocess.
 
-:func:`run_python` is the only way loosespec executes generated code. Each call starts a fresh
-``python -I -B`` process and returns a :class:`SandboxResult`; it never raises for anything the code
-does. The rule for scoring is simple: **exit status 0 means passed**. HumanEval's ``check()`` raises
-``AssertionError`` on a wrong answer, which gives a non-zero status. A completion that calls
-``sys.exit(0)`` / ``exit()`` / ``os._exit(0)`` *before* the checks run therefore counts as passed;
-the caller is expected to put the checks where the completion cannot skip them (loosespec's
-HumanEval scorer also requires a per-run secret printed after ``check()``), or to accept that.
+Two entry points, each starting fresh ``python -I -B`` processes, never raising for anything the code does:
 
+* :func:`run_tests`, how loosespec scores model-written code: the program (prompt + completion, no tests)
+  runs in the sandbox and only answers calls to its entry point; the problem's trusted prompt and tests run
+  in a second process, the driver (:mod:`loosespec.eval.sandbox_driver`), with the entry point bound to a
+  proxy that calls the program over two pipes and reads back plain data only
+  (:mod:`loosespec.eval.sandbox_wire`). The verdict is the driver's: the program cannot reach it by its exit
+  status, a printed marker, patched builtins or an ``__eq__`` that always says yes.
+* :func:`run_python`: run a program; **exit status 0 means passed**, which the program itself can claim
+  (``os._exit(0)``), so it is for programs that are not being judged.
+
+Which sandbox: ``mode`` (or ``$LOOSESPEC_SANDBOX``), see :func:`resolve_mode`: ``"auto"`` takes the best
+this machine gives and refuses ``"none"``, which must be asked for by name. Every result says its mode.
+
+What every call does
+--------------------
 What every call does
 --------------------
 * Fresh process, isolated interpreter (``sys.executable -I -B``: no user site, no ``PYTHON*``
@@ -35,8 +43,16 @@ What every call does
   writing, ``os.remove``/``unlink``/``rmdir``/``rename``/``replace``/``truncate``/``chmod``/
   ``mkdir``/``symlink``/``link``/``utime``, ``shutil.rmtree``/``move``, and so ``pathlib`` too)
   raise ``PermissionError`` unless the path is inside the sandbox directory (``/dev/null`` may be
-  opened for writing). Unless ``network=True``, ``socket.socket``, ``socket.create_connection``,
-  ``getaddrinfo`` and friends raise ``PermissionError``.
+  opened for writing); so do ``io.FileIO`` and opening another process's ``/proc/PID/`` entries (its
+  environment, memory, open files). Unless ``network=True``, ``socket.socket``, ``socket.create_connection``,
+  ``getaddrinfo`` and friends raise ``PermissionError``. Importing ``ctypes``, ``cffi``, ``sqlite3``, ``dbm``,
+  ``_posixshmem``, the sub-interpreter modules or CPython's ``_test*`` modules raises ``ImportError``.
+* Outside ``"full"`` mode, this process is made non-dumpable while the child runs (the driver always is), so
+  the kernel refuses another process of the same user its ``/proc/PID/environ``, ``mem`` and ``fd`` and
+  ``ptrace`` (root keeps ``CAP_SYS_PTRACE``).
+* In ``"none"`` mode without ``network=True``, a seccomp filter installed before the code runs refuses
+  ``socket()`` for every family but ``AF_UNIX``, ``io_uring_setup``, ``ptrace``, ``process_vm_readv``/``writev``
+  and any syscall of a foreign ABI (x32, i386): a barrier ``ctypes`` does not pass (x86-64 and aarch64).
 
 Namespaces (the real barrier, where available)
 ----------------------------------------------
@@ -64,14 +80,16 @@ holds. Modes, best first (see :func:`sandbox_mode`):
     isolation is real; file and process protection is the Python guard, the rlimits and the
     process-group kill.
 ``"none"``
-    Plain subprocess (e.g. CI containers that forbid user namespaces): everything except the
-    rlimits and the process-group kill is the Python-level guard.
+    Plain subprocess, only when asked for by name (e.g. CI containers that forbid user namespaces):
+    the rlimits, the process-group kill and the seccomp filter are real; file protection is the
+    Python-level guard only.
 
 What is NOT protected
 ---------------------
-* In ``"net"`` and ``"none"`` mode the file and network guards are Python-level only: ``ctypes``,
-  ``importlib`` tricks or a C extension bypass them. Use ``"full"`` mode (or a container / VM)
-  for real hostile code.
+* In ``"net"`` and ``"none"`` mode the file guard is Python-level only: introspection (a guarded
+  function's closure holds the original), removing the import guard from ``sys.meta_path`` and then
+  ``ctypes`` bypass it. Use ``"full"`` mode (or a container / VM) for real hostile code. In ``"none"``
+  mode run as root, native code can also read other processes' memory and environment through /proc.
 * **Reading** is not restricted in any mode: the code can read every file the calling user can
   read (it can only report it on its stdout, since the network is off).
 * ``RLIMIT_NPROC`` counts all processes of the real user and is not enforced at all for root (uid
@@ -92,6 +110,7 @@ What is NOT protected
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -101,12 +120,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["SandboxResult", "run_python", "sandbox_mode"]
+__all__ = ["MODES", "SandboxResult", "resolve_mode", "run_python", "run_tests", "sandbox_mode"]
 
 _TAIL_CHARS = 2000
 _SETUP_FAILED_RC = 97
@@ -127,6 +147,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     wall_s: float
+    mode: str = ""  # the sandbox mode it ran in
+    detail: str = ""  # run_tests: why the tests failed, or why there is no verdict
 
     @property
     def passed(self) -> bool:
@@ -322,59 +344,262 @@ def _classify(rc: int | None, timed_out: bool, stderr: str) -> str:
     return "failed"
 
 
+MODES = ("auto", "full", "net", "none")
+_MODE_ENV = "LOOSESPEC_SANDBOX"
+NO_SANDBOX = ("this machine gives the sandbox no isolation ({why}): model-written code would run with only the "
+              "Python-level guard, which ctypes, introspection and root bypass. Run where user namespaces are "
+              "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see the README's "
+              "'Evaluation' section")
+
+
+def _why_not() -> str:
+    if not sys.platform.startswith("linux"):
+        return f"{sys.platform} has no Linux namespaces"
+    if _detect().unshare is None:
+        return "util-linux unshare is not installed"
+    return "unshare could not create user namespaces: Docker's default seccomp profile, or " \
+           "kernel.apparmor_restrict_unprivileged_userns / user.max_user_namespaces, forbid them"
+
+
+def resolve_mode(requested: str | None = None) -> str:
+    """The sandbox mode a run uses: ``requested`` (None: ``$LOOSESPEC_SANDBOX``, else ``"auto"``).
+
+    ``"auto"`` is the best this machine gives, and refuses ``"none"``: running model code with no isolation
+    must be asked for by name. ``"full"`` and ``"net"`` must be available (``"net"`` is also given where
+    ``"full"`` is). Raises :class:`LoosespecError` with a one-line reason."""
+    from loosespec.errors import LoosespecError
+
+    mode = (requested if requested is not None else os.environ.get(_MODE_ENV) or "auto").strip().lower()
+    if mode not in MODES:
+        raise LoosespecError(f"unknown sandbox mode {mode!r}; choose one of: {', '.join(MODES)}")
+    best = _detect().mode
+    if mode == "auto":
+        if best == "none":
+            raise LoosespecError(NO_SANDBOX.format(why=_why_not()))
+        return best
+    if mode == "full" and best != "full" or mode == "net" and best == "none":
+        raise LoosespecError(f"sandbox mode {mode!r} is not available here (best: {best!r}; {_why_not()})")
+    return mode
+
+
+_dumpable_lock = threading.Lock()
+_undumpable_users = 0
+
+
+@contextlib.contextmanager
+def _undumpable(active: bool):
+    """While a sandbox child runs without a PID namespace, make this process non-dumpable: the kernel then
+    refuses other processes of this user (the child) its /proc/PID/environ, mem, fd and ptrace. Root keeps
+    CAP_SYS_PTRACE and is not stopped. Restored when the last concurrent child ends."""
+    global _undumpable_users
+    prctl = None
+    if active and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError, ImportError):
+            prctl = None
+    if prctl is None:
+        yield
+        return
+    with _dumpable_lock:
+        if _undumpable_users == 0:
+            _undumpable.saved = prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        _undumpable_users += 1
+    try:
+        yield
+    finally:
+        with _dumpable_lock:
+            _undumpable_users -= 1
+            if _undumpable_users == 0 and getattr(_undumpable, "saved", 1) > 0:
+                prctl(4, _undumpable.saved, 0, 0, 0)
+
+
+class _Spawn(NamedTuple):
+    cmd: list[str]
+    mode: str
+
+
+def _sandbox_command(code_path: str, d: str, mode: str, *, timeout_s: float, memory_mb: int, max_processes: int,
+                     max_file_mb: int, network: bool, extra: dict | None = None) -> _Spawn:
+    """The command that runs ``code_path`` in the sandbox directory ``d`` in ``mode`` (already resolved)."""
+    env_info = _detect()
+    in_userns = mode == "full" or (mode == "net" and not network)
+    if in_userns and _kernel_version() >= (5, 14):
+        nproc = max_processes + 2  # counted per user namespace; +unshare +the program itself
+    elif os.geteuid() == 0:
+        nproc = max_processes  # not enforced for root anyway
+    else:
+        nproc = _user_task_count(os.getuid()) + max_processes
+    ns = mode if in_userns else "none"
+    cfg = {"dir": d, "file": code_path, "ns": ns, "network": bool(network), "memory_mb": int(memory_mb),
+           "file_mb": int(max_file_mb), "cpu_s": int(timeout_s) + 2, "nproc": int(nproc),
+           "pid_max": env_info.pid_max and mode == "full", **(extra or {})}
+    prefix = _ns_prefix(mode, env_info.unshare, network) if in_userns and env_info.unshare else []
+    return _Spawn(prefix + [sys.executable, "-I", "-B", "-c", _boot_source(), json.dumps(cfg)], ns)
+
+
 def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_processes: int = 32,
-               max_file_mb: int = 16, network: bool = False) -> SandboxResult:
+               max_file_mb: int = 16, network: bool = False, mode: str | None = None) -> SandboxResult:
     """Run ``code`` as a Python program in a fresh sandboxed subprocess; see the module docstring.
 
-    ``status`` is "passed" iff the program exits with status 0. Never raises for anything the code
-    does; an unusable sandbox gives status "error".
+    ``status`` is "passed" iff the program exits with status 0: a program can claim that by exiting early,
+    so a verdict on model-written code comes from :func:`run_tests` instead. ``mode``: see
+    :func:`resolve_mode` (raises :class:`LoosespecError` where it is not available). Never raises for
+    anything the code does; an unusable sandbox gives status "error".
     """
     t0 = time.monotonic()
-    env_info = _detect()
+    mode = resolve_mode(mode)
+    if (missing := _no_interpreter(mode)) is not None:
+        return missing
+    with _program_dir(code) as (d, path):
+        spawn = _sandbox_command(path, d, mode, timeout_s=timeout_s, memory_mb=memory_mb,
+                                 max_processes=max_processes, max_file_mb=max_file_mb, network=network)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _undumpable(mode != "full"):
+            try:
+                proc = subprocess.Popen(spawn.cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=err, close_fds=True, start_new_session=True)
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
+                return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
+                                     time.monotonic() - t0, mode)
+            try:
+                timed_out = _wait(proc.pid, t0 + timeout_s)
+            finally:
+                _kill_group(proc)
+                rc = proc.wait()
+            wall = time.monotonic() - t0
+            stdout, stderr = _tail(out), _tail(err)
+        return SandboxResult(_classify(rc, timed_out, stderr), rc, stdout, stderr, wall, mode)
+
+
+def _no_interpreter(mode: str) -> SandboxResult | None:
     exe = sys.executable
     if not exe or not os.access(exe, os.X_OK):
-        return SandboxResult("error", None, "", f"no usable Python interpreter: {exe!r}", 0.0)
+        return SandboxResult("error", None, "", f"no usable Python interpreter: {exe!r}", 0.0, mode)
+    return None
+
+
+@contextlib.contextmanager
+def _program_dir(code: str):
+    """A new sandbox directory holding ``code`` as ``program.py``: yields (directory, program path); removed
+    afterwards even if the code took permissions away inside it."""
     tmp = tempfile.TemporaryDirectory(prefix="loosespec-sbx-", ignore_cleanup_errors=True)
     d = os.path.realpath(tmp.name)
-    proc = None
     try:
         path = os.path.join(d, "program.py")
         with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
             f.write(code)
-        in_userns = env_info.mode == "full" or (env_info.mode == "net" and not network)
-        if in_userns and _kernel_version() >= (5, 14):
-            nproc = max_processes + 2  # counted per user namespace; +unshare +the program itself
-        elif os.geteuid() == 0:
-            nproc = max_processes  # not enforced for root anyway
-        else:
-            nproc = _user_task_count(os.getuid()) + max_processes
-        cfg = {"dir": d, "file": path, "ns": env_info.mode if not (env_info.mode == "net" and network) else "none",
-               "network": bool(network), "memory_mb": int(memory_mb), "file_mb": int(max_file_mb),
-               "cpu_s": int(timeout_s) + 2, "nproc": int(nproc), "pid_max": env_info.pid_max}
-        cmd = ([] if env_info.unshare is None else _ns_prefix(env_info.mode, env_info.unshare, network)) \
-            + [exe, "-I", "-B", "-c", _boot_source(), json.dumps(cfg)]
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, close_fds=True, start_new_session=True)
-            except (OSError, ValueError, subprocess.SubprocessError) as e:
-                return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
-                                     time.monotonic() - t0)
-            timed_out = _wait(proc.pid, t0 + timeout_s)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the group: forked children too
-            except (ProcessLookupError, PermissionError):
-                pass
-            rc = proc.wait()
-            wall = time.monotonic() - t0
-            stdout, stderr = _tail(out), _tail(err)
-        return SandboxResult(_classify(rc, timed_out, stderr), rc, stdout, stderr, wall)
+        yield d, path
     finally:
-        if proc is not None and proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
         _force_rmtree(d)
         tmp.cleanup()
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group: forked children too
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@functools.cache
+def _driver_source() -> str:
+    here = Path(__file__).parent
+    return (here / "sandbox_wire.py").read_text(encoding="utf-8") + "\n" + \
+        (here / "sandbox_driver.py").read_text(encoding="utf-8")
+
+
+def _wire_source() -> str:
+    return (Path(__file__).parent / "sandbox_wire.py").read_text(encoding="utf-8")
+
+
+VERDICT_MARK = "LOOSESPEC-VERDICT "
+
+
+def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout_s: float = 10.0,
+              memory_mb: int = 1024, max_processes: int = 32, max_file_mb: int = 16,
+              mode: str | None = None) -> SandboxResult:
+    """Test ``program`` (a prompt and the model's code, no tests) against ``test`` (a ``check(candidate)``
+    function) so that the program cannot forge the verdict.
+
+    Two processes: the program runs in the sandbox (``mode``, as :func:`run_python`), serving calls to
+    ``entry_point``; a separate driver process runs the trusted ``prompt`` and ``test``, with ``entry_point``
+    bound to a proxy that calls the program over two pipes and reads back plain data
+    (:mod:`loosespec.eval.sandbox_wire`). The verdict is the driver's: "passed" iff ``check`` returned.
+    "failed": the tests failed (an assertion, the program's exception, a program that exited or never loaded);
+    "timeout"/"memory": so did the program under test (its limits, or the wall clock); "error": the driver
+    itself failed (no verdict). ``stdout``/``stderr`` are the program's, ``detail`` the driver's reason.
+    """
+    t0 = time.monotonic()
+    mode = resolve_mode(mode)
+    if (missing := _no_interpreter(mode)) is not None:
+        return missing
+    exe = sys.executable
+    procs: list[subprocess.Popen] = []
+    pipes = [*os.pipe(), *os.pipe()]  # requests: driver -> program; replies: program -> driver
+    req_r, req_w, resp_r, resp_w = pipes
+    with _program_dir(program) as (d, path):
+        try:
+            spawn = _sandbox_command(path, d, mode, timeout_s=timeout_s, memory_mb=memory_mb,
+                                     max_processes=max_processes, max_file_mb=max_file_mb, network=False,
+                                     extra={"serve": {"entry": entry_point, "req_fd": req_r, "resp_fd": resp_w},
+                                            "wire": _wire_source()})
+            driver_cfg = json.dumps({"prompt": prompt, "test": test, "entry": entry_point, "req_fd": req_w,
+                                     "resp_fd": resp_r})
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                    tempfile.TemporaryFile() as dout, tempfile.TemporaryFile() as derr, \
+                    tempfile.TemporaryFile() as din, \
+                    tempfile.TemporaryDirectory(prefix="loosespec-drv-") as driver_dir, _undumpable(mode != "full"):
+                din.write(driver_cfg.encode("utf-8", "surrogatepass"))
+                din.seek(0)
+                try:
+                    procs.append(subprocess.Popen(spawn.cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
+                                                  stdout=out, stderr=err, pass_fds=(req_r, resp_w),
+                                                  start_new_session=True))
+                    procs.append(subprocess.Popen([exe, "-I", "-B", "-c", _driver_source()], cwd=driver_dir,
+                                                  env=_child_env(driver_dir), stdin=din, stdout=dout, stderr=derr,
+                                                  pass_fds=(req_w, resp_r), start_new_session=True))
+                except (OSError, ValueError, subprocess.SubprocessError) as e:
+                    return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
+                                         time.monotonic() - t0, mode)
+                finally:
+                    for fd in pipes:  # the children hold their ends: an exit closes the pipe for the other
+                        os.close(fd)
+                    pipes = []
+                program_proc, driver = procs
+                timed_out = _wait(driver.pid, t0 + timeout_s)
+                program_ended = program_proc.poll() is not None
+                for p in procs:
+                    _kill_group(p)
+                rc, driver_rc = program_proc.wait(), driver.wait()
+                wall = time.monotonic() - t0
+                stdout, stderr, dstdout, dstderr = _tail(out), _tail(err), _tail(dout), _tail(derr)
+            verdict = None
+            for line in reversed(dstdout.splitlines()):
+                if line.startswith(VERDICT_MARK):
+                    try:
+                        verdict = json.loads(line[len(VERDICT_MARK):])
+                    except ValueError:
+                        verdict = None
+                    break
+            if timed_out:
+                status, detail = "timeout", f"no verdict within {timeout_s:g} s"
+            elif not isinstance(verdict, dict) or "error" in verdict or driver_rc != 0:
+                why = verdict.get("error") if isinstance(verdict, dict) else None
+                status, detail = "error", why or f"the test driver gave no verdict (exit {driver_rc}): {dstderr[-500:]}"
+            elif verdict.get("passed") is True:
+                status, detail = "passed", ""
+            else:
+                own = _classify(rc, False, stderr) if program_ended else "failed"
+                status = own if own in ("timeout", "memory") else "failed"
+                detail = str(verdict.get("reason", ""))[:1000]
+            return SandboxResult(status, rc if program_ended else None, stdout, stderr, wall, mode, detail)
+        finally:
+            for fd in pipes:
+                os.close(fd)
+            for p in procs:
+                if p.returncode is None:
+                    _kill_group(p)
+                    p.wait()

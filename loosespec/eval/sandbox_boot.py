@@ -130,6 +130,64 @@ if __name__ == "__main__":
                                                         "pid_max": bool(_cfg.get("pid_max_set"))}))
         sys.exit(0)
 
+    # serve mode (run_tests): the wire to the test driver, loaded before the guard
+    _serve = _cfg.get("serve")
+    _wire = {}
+    if _serve:
+        exec(compile(_cfg["wire"], "<sandbox_wire>", "exec"), _wire)
+
+    # no PID/network namespace: a seccomp filter refuses, below any Python-level trick, sockets other than
+    # AF_UNIX, io_uring (which can open sockets), ptrace and process_vm_readv/writev (another process's memory),
+    # and every syscall of a foreign ABI (x32, i386's int 0x80) that could reach them by other numbers
+    _cfg["seccomp"] = False
+    if _cfg["ns"] == "none" and not _cfg["network"]:
+        try:
+            import ctypes, platform, struct
+            _arch = {"x86_64": (0xC000003E, {"socket": 41, "ptrace": 101, "vm_readv": 310, "vm_writev": 311,
+                                             "io_uring_setup": 425}, True),
+                     "aarch64": (0xC00000B7, {"socket": 198, "ptrace": 117, "vm_readv": 270, "vm_writev": 271,
+                                              "io_uring_setup": 425}, False)}.get(platform.machine())
+            if _arch is not None:
+                _audit, _nr, _x32 = _arch
+                LD_W_ABS, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+                ALLOW, DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
+                # (code, jump-if-true label, jump-if-false label, k); labels resolved to relative offsets below
+                prog = [(LD_W_ABS, None, None, 4),                    # seccomp_data.arch
+                        (JEQ, None, "deny", _audit),                  # a foreign ABI: deny
+                        (LD_W_ABS, None, None, 0)]                    # seccomp_data.nr
+                if _x32:
+                    prog.append((JGE, "deny", None, 0x40000000))      # x32 numbers
+                prog.append((JEQ, "domain", None, _nr["socket"]))
+                for _n in ("ptrace", "vm_readv", "vm_writev", "io_uring_setup"):
+                    prog.append((JEQ, "deny", None, _nr[_n]))
+                prog += [(RET, None, None, ALLOW), ("deny", RET, None, None, DENY),
+                         ("domain", LD_W_ABS, None, None, 16),        # socket's args[0] (low 32 bits): domain
+                         (JEQ, None, "deny2", 1),                     # AF_UNIX
+                         (RET, None, None, ALLOW), ("deny2", RET, None, None, DENY)]
+                labels, plain = {}, []
+                for ins in prog:
+                    if isinstance(ins[0], str):
+                        labels[ins[0]] = len(plain)
+                        ins = ins[1:]
+                    plain.append(ins)
+                prog = [(code, 0 if jt is None else labels[jt] - i - 1, 0 if jf is None else labels[jf] - i - 1, k)
+                        for i, (code, jt, jf, k) in enumerate(plain)]
+                raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+                _buf = ctypes.create_string_buffer(raw, len(raw))
+
+                class _Fprog(ctypes.Structure):
+                    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+                _libc_s = ctypes.CDLL(None, use_errno=True)
+                _libc_s.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                          ctypes.c_ulong]
+                _fp = _Fprog(len(prog), ctypes.cast(_buf, ctypes.c_void_p))
+                if _libc_s.prctl(38, 1, None, 0, 0) == 0 and \
+                        _libc_s.prctl(22, 2, ctypes.cast(ctypes.pointer(_fp), ctypes.c_void_p), 0, 0) == 0:
+                    _cfg["seccomp"] = True  # PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP SECCOMP_MODE_FILTER
+        except Exception:
+            pass
+
     # the real setrlimit, captured before the guard below replaces it
     import resource as _resource_mod
     _real_setrlimit = _resource_mod.setrlimit
@@ -202,37 +260,80 @@ if __name__ == "__main__":
     _path_guard(shutil, "move", nargs=2, follow=False)
 
     _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    _orig_os_open = os.open
-    def _os_open(path, flags, *a, **k):
-        if flags & _WRITE_FLAGS and not _inside(path, k.get("dir_fd")) and _resolve_safe(path) != "/dev/null":
-            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(path))
-        return _orig_os_open(path, flags, *a, **k)
-    os.open = posix.open = _os_open
+    _own_pid = str(os.getpid())
 
-    def _resolve_safe(path):
+    def _resolve_safe(path, dir_fd=None):
         try:
-            return _resolve(path)
+            return _resolve(path, dir_fd)
         except Exception:
             return None
 
+    def _check_open(path, writing, dir_fd=None):
+        """Writing only inside the sandbox dir (and /dev/null); no other process's /proc entries at all (its
+        environment, memory, open files)."""
+        if isinstance(path, int):
+            return
+        r = _resolve_safe(path, dir_fd)
+        if r is not None and r.startswith("/proc/"):
+            first = r.split("/")[2]
+            if first.isdigit() and first != _own_pid:
+                raise PermissionError(1, "blocked by loosespec sandbox: another process's /proc entries", str(path))
+        if writing and not _inside(path, dir_fd) and r != "/dev/null":
+            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(path))
+
+    _orig_os_open = os.open
+    def _os_open(path, flags, *a, **k):
+        _check_open(path, flags & _WRITE_FLAGS, k.get("dir_fd"))
+        return _orig_os_open(path, flags, *a, **k)
+    os.open = posix.open = _os_open
+
     _orig_open = _io.open
     def _open(file, mode="r", *a, **k):
-        if not isinstance(file, int) and any(c in mode for c in "wax+") and not _inside(file) \
-                and _resolve_safe(file) != "/dev/null":
-            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(file))
+        _check_open(file, any(c in str(mode) for c in "wax+"))
         return _orig_open(file, mode, *a, **k)
     builtins.open = io.open = _io.open = _open
+
+    class _FileIO(_io.FileIO):  # io.FileIO(path, "w") opens without open()
+        def __init__(self, file, mode="r", *a, **k):
+            _check_open(file, any(c in str(mode) for c in "wax+"))
+            super().__init__(file, mode, *a, **k)
+    _FileIO.__name__ = _FileIO.__qualname__ = "FileIO"
+    io.FileIO = _io.FileIO = _FileIO
+
+    # modules that open files or run code below the guard: native calls (ctypes, cffi), databases that
+    # create files natively (sqlite3, dbm), shared memory in /dev/shm, sub-interpreters (a fresh, unguarded
+    # os and io) and CPython's test hooks. Python-level, like the rest of this guard.
+    _BLOCKED = frozenset(("ctypes", "_ctypes", "cffi", "_cffi_backend", "sqlite3", "_sqlite3", "dbm", "_dbm",
+                          "_gdbm", "_posixshmem", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
+                          "_interpchannels", "_interpqueues", "_testcapi", "_testinternalcapi",
+                          "_testmultiphase", "_testsinglephase", "_testimportmultiple"))
+
+    class _ImportGuard:
+        loosespec_guard = True
+
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in _BLOCKED:
+                raise ImportError("blocked by loosespec sandbox: import %s" % name, name=name)
+            return None
+
+    for _m in [m for m in sys.modules if m.split(".")[0] in _BLOCKED]:
+        del sys.modules[_m]
+    sys.meta_path.insert(0, _ImportGuard())
 
     for _name in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", "execle", "execlp",
                   "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
                   "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "kill", "killpg",
                   "setsid", "setpgid", "setpgrp", "chown", "lchown", "fchown", "fchmod", "chroot",
                   "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid",
-                  "setresgid", "plock"):
+                  "setresgid", "plock", "unshare", "setns"):
         for _m in (os, posix):
             if hasattr(_m, _name):
                 setattr(_m, _name, _deny("os." + _name))
     _posixsubprocess.fork_exec = _deny("_posixsubprocess.fork_exec")
+    import signal as _signal_mod
+    if hasattr(_signal_mod, "pidfd_send_signal"):  # a signal to another process by pidfd, not pid
+        _signal_mod.pidfd_send_signal = _deny("signal.pidfd_send_signal")
     shutil.chown = _deny("shutil.chown")
     resource.setrlimit = _deny("resource.setrlimit")
     if hasattr(resource, "prlimit"):
@@ -286,4 +387,71 @@ if __name__ == "__main__":
     _code = compile(_src, _cfg["file"], "exec")
     _limit(resource.RLIMIT_AS, _cfg["memory_mb"] * 1024 * 1024)
     del _src, _f
-    exec(_code, _main.__dict__)
+    if not _serve:
+        exec(_code, _main.__dict__)
+    else:  # run_tests: load the program, then answer the driver's calls to its entry point
+        _send, _recv, _to, _from, _WireError = (_wire[n] for n in ("send", "recv", "to_data", "from_data",
+                                                                     "WireError"))
+        _req, _resp, _entry = _serve["req_fd"], _serve["resp_fd"], _serve["entry"]
+        _objects, _ids = [], {}
+
+        def _handle_out(v):  # an instance of the program's own class stays here; the driver gets its number
+            if isinstance(v, type) or getattr(type(v), "__module__", None) != "__main__":
+                return None
+            k = _ids.get(id(v))
+            if k is None:
+                k = _ids[id(v)] = len(_objects)
+                _objects.append(v)
+            return k
+
+        def _handle_in(k):
+            if 0 <= k < len(_objects):
+                return _objects[k]
+            raise _WireError("unknown handle %d" % k)
+
+        def _own_class(name):
+            cls = _main.__dict__.get(name)
+            if not isinstance(cls, type) or cls.__module__ != "__main__":
+                raise NameError("the program defines no class %r" % (name,))
+            return cls
+
+        def _describe(e):
+            try:
+                return [type(e).__name__, str(e)[:500]]
+            except BaseException:
+                return [type(e).__name__, "?"]
+
+        try:
+            exec(_code, _main.__dict__)
+        except BaseException as _e:
+            try:
+                _send(_resp, {"load_error": ": ".join(_describe(_e))})
+            except BaseException:
+                pass
+            raise
+        _send(_resp, {"ready": True, "classes": [n for n, v in list(_main.__dict__.items())
+                                                 if isinstance(v, type) and v.__module__ == "__main__"][:100]})
+        while True:
+            try:
+                _msg = _recv(_req)
+            except _WireError:
+                os._exit(0)  # the driver is done
+            try:
+                if "call" in _msg:
+                    _args, _kwargs = _msg["call"]
+                    _value = _main.__dict__[_entry](*_from(_args, 0, _handle_in), **_from(_kwargs, 0, _handle_in))
+                elif "new" in _msg:
+                    _name, _args, _kwargs = _msg["new"]
+                    _value = _own_class(_name)(*_from(_args, 0, _handle_in), **_from(_kwargs, 0, _handle_in))
+                elif "setattr" in _msg:
+                    _k, _name, _v = _msg["setattr"]
+                    _value = setattr(_handle_in(_k), str(_name), _from(_v, 0, _handle_in))
+                elif "getattr" in _msg:
+                    _k, _name = _msg["getattr"]
+                    _value = getattr(_handle_in(_k), str(_name))
+                else:
+                    raise ValueError("unknown request")
+                _reply = {"ok": _to(_value, 0, _handle_out)}
+            except BaseException as _e:  # SystemExit too: the call did not return
+                _reply = {"raise": _describe(_e)}
+            _send(_resp, _reply)

@@ -345,12 +345,12 @@ def test_humaneval_scorer_in_the_sandbox():
     pytest.importorskip("loosespec.eval.sandbox")
     probs = load_dataset("humaneval", limit=3)
     for p in probs:
-        assert score("humaneval", p, "```python\n" + p.answer + "```") is True, p.id
-        assert score("humaneval", p, "```python\n" + p.meta["prompt"] + p.answer + "```") is True, p.id  # full function
-        assert score("humaneval", p, "```python\n    return None\n```") is False, p.id
-    # leaving early with status 0 is not a pass: the scorer also wants a secret printed after check()
-    assert score("humaneval", probs[0], "```python\n    import sys\n    sys.exit(0)\n```") is False
-    assert score("humaneval", probs[0], "```python\nimport os\nos._exit(0)\n```") is False
+        assert score("humaneval", p, "```python\n" + p.answer + "```", allow_code_execution=True) is True, p.id
+        assert score("humaneval", p, "```python\n" + p.meta["prompt"] + p.answer + "```", allow_code_execution=True) is True, p.id  # full function
+        assert score("humaneval", p, "```python\n    return None\n```", allow_code_execution=True) is False, p.id
+    # leaving early with status 0 is not a pass: the verdict is the test driver's, not the program's
+    assert score("humaneval", probs[0], "```python\n    import sys\n    sys.exit(0)\n```", allow_code_execution=True) is False
+    assert score("humaneval", probs[0], "```python\nimport os\nos._exit(0)\n```", allow_code_execution=True) is False
     assert score("humaneval", probs[0], "```python\ndef has_close_elements(numbers, threshold):\n"
                                         "    return False\n```") is False
 

@@ -42,7 +42,8 @@ def test_the_train_split_only_in_file_order(problems):
         assert set(p.meta) == {"task_id", "prompt", "test", "entry_point"}
     spec = DATASETS["mbpp-train"]
     assert spec.scorer is DATASETS["humaneval"].scorer and not spec.short_answer
-    assert dict(spec.score_options) == {"timeout_s": 10.0, "memory_mb": 1024}
+    assert dict(spec.score_options) == {"timeout_s": 10.0, "memory_mb": 1024, "allow_code_execution": False,
+                                        "sandbox": None}
 
 
 def test_limit_is_the_first_problems():
@@ -109,7 +110,8 @@ def test_references_pass_and_wrong_code_fails_in_the_sandbox():
     pytest.importorskip("loosespec.eval.sandbox")
     probs = load_dataset("mbpp-train", 10)
     for p in probs:
-        assert score("mbpp-train", p, "```python\n" + p.answer + "\n```") is True, p.id
-        assert score("mbpp-train", p, "```python\n    return None\n```") is False, p.id
+        assert score("mbpp-train", p, "```python\n" + p.answer + "\n```", allow_code_execution=True) is True, p.id
+        assert score("mbpp-train", p, "```python\n    return None\n```", allow_code_execution=True) is False, p.id
     p = probs[1]  # first_repeated_char: a whole wrong function fails too
-    assert score("mbpp-train", p, "```python\ndef first_repeated_char(str1):\n    return 'x'\n```") is False
+    assert score("mbpp-train", p, "```python\ndef first_repeated_char(str1):\n    return 'x'\n```",
+                 allow_code_execution=True) is False
