@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loosespec.cost import format_curve, measure, weight_bytes  # noqa: E402
 from loosespec.decode.gguf import GgufLM, is_gguf  # noqa: E402
 from loosespec.decode.kv import CachedLM  # noqa: E402
+from loosespec.fileio import atomic_write_text  # noqa: E402
 from loosespec.hardware import cpu_info, describe_device, memory_bandwidth  # noqa: E402
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
 
@@ -142,7 +143,7 @@ def main() -> None:
     ap.add_argument("--render", type=Path, help="Only write the .md of an earlier run's .json beside it.")
     args = ap.parse_args()
     if args.render:
-        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        atomic_write_text(args.render.with_suffix(".md"), render(json.loads(args.render.read_text())))
         return
     bandwidth = {k: memory_bandwidth(k) for k in ("copy", "read")}
     print(f"bandwidth: copy {bandwidth['copy']:.1f} GB/s, read {bandwidth['read']:.1f} GB/s", file=sys.stderr)
@@ -163,8 +164,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", cpu_info().model.lower()).strip("-")
     stem = out / f"{time.strftime('%Y%m%d-%H%M')}-{slug}"
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    stem.with_suffix(".md").write_text(render(data))
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(data, indent=1))
+    atomic_write_text(stem.with_suffix(".md"), render(data))
     print(render(data))
 
 

@@ -65,6 +65,16 @@ PROMPT = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\
           "def div(a, b):\n")
 
 
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` whole (temporary file and rename: a run killed mid-write leaves the last summary)."""
+    try:
+        from loosespec.fileio import atomic_write_text
+    except ImportError:  # the checkout's loosespec not importable here: a plain write
+        path.write_text(text)
+        return
+    atomic_write_text(path, text)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # prepare (here, with the network)
 # ---------------------------------------------------------------------------------------------------------------
@@ -145,7 +155,7 @@ def section(summary: dict, name: str, budget: Budget, need_s: float = 5.0):
         finally:
             rec["seconds"] = round(time.perf_counter() - t, 2)
             if summary.get("out"):  # a run killed later still leaves what it measured
-                Path(summary["out"]).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+                _write(Path(summary["out"]), json.dumps(summary, indent=1, default=str) + "\n")
             ok = rec.get("ok")
             state = ("ok" if ok else f"FAILED: {rec.get('error', '')}" if ok is False
                      else f"n/a: {rec.get('skipped') or rec.get('note', '')}")
@@ -616,7 +626,7 @@ def run(args) -> int:
         summary["seconds"] = round(args.budget_s - budget.left(), 1)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        _write(out, json.dumps(summary, indent=1, default=str) + "\n")
         print(f"# summary: {out} (ok={summary['ok']}, failed: {summary['failed_sections'] or 'none'}, "
               f"{summary['seconds']} s)", file=sys.stderr)
     return 0 if summary["ok"] else 1

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from loosespec.cost import CostCurve  # noqa: E402
 from loosespec.drafters.ngram import SEARCHES, ngram_lookup  # noqa: E402
+from loosespec.fileio import atomic_write_text  # noqa: E402
 
 
 def replay(prompt: torch.Tensor, out: list[int], search: str, max_ngram: int, k: int,
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        atomic_write_text(args.out, text + "\n")
     return 0
 
 

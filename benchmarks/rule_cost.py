@@ -90,13 +90,15 @@ def main(argv=None) -> int:
     if args.json:
         import json
 
-        with open(args.json, "w") as f:
-            json.dump({"model": args.target, "precision": m.precision.name, "device": str(lm.device),
-                       "prompt_tokens": args.prompt_tokens, "k": args.num_draft_tokens,
-                       "prefill_ms": round(prefill * 1e3, 3), "one_token_ms": round(one * 1e3, 4),
-                       "verify_ms": round(fwd * 1e3, 4), "verify_over_one": round(fwd / one, 3),
-                       "curve_ms": {n: round(curve(n) * 1e3, 4) for n in range(1, args.num_draft_tokens + 2)},
-                       "rule_ms": rule_ms}, f, indent=1)
+        from loosespec.fileio import atomic_write_text
+
+        data = {"model": args.target, "precision": m.precision.name, "device": str(lm.device),
+                "prompt_tokens": args.prompt_tokens, "k": args.num_draft_tokens,
+                "prefill_ms": round(prefill * 1e3, 3), "one_token_ms": round(one * 1e3, 4),
+                "verify_ms": round(fwd * 1e3, 4), "verify_over_one": round(fwd / one, 3),
+                "curve_ms": {n: round(curve(n) * 1e3, 4) for n in range(1, args.num_draft_tokens + 2)},
+                "rule_ms": rule_ms}
+        atomic_write_text(args.json, json.dumps(data, indent=1))  # replaced whole: never a torn file
     return 0
 
 

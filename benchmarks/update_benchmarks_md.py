@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from loosespec.eval.harness import RESULTS, ResultsFile, report
+from loosespec.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DOTALL)
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
             print(f"{args.file} is out of date: run python benchmarks/update_benchmarks_md.py", file=sys.stderr)
             return 1
         return 0
-    args.file.write_text(new, encoding="utf-8")
+    atomic_write_text(args.file, new)
     return 0
 
 

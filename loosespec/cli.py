@@ -563,8 +563,12 @@ def bench(
             raise LoosespecError("specguard methods need --cache-implementation dynamic")
         config.update(cache_implementation=cache_implementation, compile=compile)
     out.mkdir(parents=True, exist_ok=True)
-    B.check_config(out, config)
-    rows = B.ResultsFile(out / B.RESULTS).read()
+    # the folder's lock for the whole run (one line naming the holder's pid if another run holds it), the config
+    # checked and this run's provenance recorded in config.json, a torn last line repaired
+    run = B.open_run(out, config, data_dir=data_dir, sandbox=sandbox_mode)
+    scorer = lambda p, text: D.judge(dataset, p, text, **score_options)  # noqa: E731
+    # rows whose scoring failed (no answer) are scored again from their stored outputs
+    rows = B.rescore_errors(out, problems, method_list, scorer=scorer, log=tqdm_write)
     done = {(r["question_id"], r["method"]) for r in rows}
     if B.pending_pairs(problems, method_list, done):
         from loosespec.decode.engine import Engine
@@ -593,11 +597,12 @@ def bench(
                                 max_num_batched_tokens=vllm_max_num_batched_tokens)
         B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings, vllm=vllm,
                     encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
-                    scorer=lambda p, text: D.score(dataset, p, text), model_id=target,
+                    scorer=scorer, model_id=target,
                     log=lambda line: tqdm_write(line))
     else:
         print(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / B.RESULTS}", file=sys.stderr)
     summary, table = B.report(out, method_list, config, draw=plots)
+    run.release()
     print(f"\n{dataset}: {target} <- {draft_spec}, {precision.name}, {resolved}, {max_new_tokens} new tokens, "
           f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n")
     print(table)

@@ -27,6 +27,12 @@ A full grid (settings x problems, each setting a full generation) costs many hou
 Every (stage, setting, problem) record is appended to ``<out>.runs.jsonl`` as it finishes, so a
 calibration resumes where it stopped and ``--limit`` can grow. Times are wall-clock: run it on a quiet
 machine (the table records the CPU).
+
+A record stores the scorer's verdict as the bench harness does (``score``, ``score_status``, ``score_detail``;
+:mod:`loosespec.eval.harness`): a scoring failure (a sandbox that could not start, a scorer's exception) is no
+answer, left out of accuracy and retention and counted (``score_errors``); a resumed calibration scores its stored
+text again (no generation) and appends the new verdict as a later line for the same (setting, problem), which the
+reader prefers. A program under test that fails or times out stays a wrong answer.
 """
 
 from __future__ import annotations
@@ -228,9 +234,14 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
     """Speed and retention of one confirmed setting over the problems both have (see the module docstring)."""
     from loosespec.eval.harness import bootstrap_ratio, mcnemar_exact
 
+    from loosespec.eval.harness import score_status
+
     ids = [p for p in records if p in baseline]
-    right = [bool(records[p]["score"]) for p in ids]
-    base = [bool(baseline[p]["score"]) for p in ids]
+    # a verdict on both sides: a record whose scoring failed is no answer (left out of accuracy and retention)
+    answered = [p for p in ids if score_status(records[p]) in ("right", "wrong")
+                and score_status(baseline[p]) in ("right", "wrong")]
+    right = [score_status(records[p]) == "right" for p in answered]
+    base = [score_status(baseline[p]) == "right" for p in answered]
     wall = sum(records[p]["wall_s"] for p in ids)
     toks = sum(len(records[p]["token_ids"]) for p in ids)
     lost = sum(b and not r for r, b in zip(right, base))
@@ -240,8 +251,9 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
     levels = {lv: sum(records[p]["stats"].get(f"rounds_{lv}", 0) for p in ids) for lv in ("lookup", "model", "none")}
     total = sum(levels.values())
     return {"problems": len(ids), "tokens_per_s": round(toks / wall, 3) if wall else None, "new_tokens": toks,
-            "wall_s": round(wall, 2), "accuracy": round(sum(right) / len(ids), 4) if ids else None,
-            "baseline_accuracy": round(sum(base) / len(ids), 4) if ids else None,
+            "wall_s": round(wall, 2), "accuracy": round(sum(right) / len(answered), 4) if answered else None,
+            "baseline_accuracy": round(sum(base) / len(answered), 4) if answered else None,
+            "scored": len(answered), "score_errors": sum(score_status(records[p]) == "error" for p in ids),
             "retention": None if retention is None else round(retention, 4), "retention_ci95": ci,
             "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(lost, gained),
             "identical": sum(records[p]["token_ids"] == baseline[p]["token_ids"] for p in ids),
@@ -254,6 +266,14 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
             "meets_bound": retention is not None and retention >= min_retention}
 
 
+def _accuracy(records) -> float | None:
+    """Right / answered over records with a verdict (a failed scoring is no answer)."""
+    from loosespec.eval.harness import score_status
+
+    answered = [score_status(r) for r in records if score_status(r) in ("right", "wrong")]
+    return round(answered.count("right") / len(answered), 4) if answered else None
+
+
 def choose(confirmed: dict[str, dict]) -> str | None:
     """The confirmed FLy setting with the most tokens/s among those that meet the retention bound."""
     ok = [(s["tokens_per_s"], name) for name, s in confirmed.items() if name != EXACT and s["meets_bound"]]
@@ -261,7 +281,8 @@ def choose(confirmed: dict[str, dict]) -> str | None:
 
 
 class RunsFile:
-    """``<out>.runs.jsonl``: one line per (stage, setting, problem), flushed as each finishes."""
+    """``<out>.runs.jsonl``: one line per (stage, setting, problem), flushed as each finishes; a later line for the
+    same (setting, problem) supersedes an earlier one (a record scored again)."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -295,19 +316,37 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
     """The four stages (module docstring); returns the report (screen, confirmed rows, the choice)."""
     from tqdm.auto import tqdm
 
+    from loosespec.eval.harness import judge_output, score_status
+
     runs = RunsFile(runs_file)
     say = log or (lambda _: None)
     k_max = max(s.k for s in settings)
     prompts = {p.id: encode(p) for p in problems}
 
+    def verdict(p, text: str) -> tuple[dict, BaseException | None]:
+        v, failure = judge_output(scorer, p, text)
+        return {"score": v.score, "score_status": v.status, "score_detail": dict(v.detail)}, failure
+
     def each(setting_name: str, make, desc: str) -> dict[str, dict]:
+        for p in problems:  # records whose scoring failed: scored again from their text, nothing generated
+            rec = runs.get(setting_name, p.id)
+            if rec is not None and score_status(rec) == "error":
+                fields, failure = verdict(p, rec["text"])
+                runs.add({**rec, **fields, "score_history": list(rec.get("score_history") or [])
+                          + [{"status": "error", "detail": rec.get("score_detail") or {}}]})
+                say(f"{p.id:24} {setting_name:44} scored again: {fields['score_status']}")
+                if failure is not None:
+                    raise failure
         todo = [p for p in problems if runs.get(setting_name, p.id) is None]
         for p in tqdm(todo, desc=desc, unit="problem", disable=not progress or not todo, dynamic_ncols=True):
             rec = make(prompts[p.id])
-            rec.update(setting=setting_name, problem=p.id, score=scorer(p, rec["text"]), sitting=SITTING)
+            fields, failure = verdict(p, rec["text"])
+            rec.update(setting=setting_name, problem=p.id, **fields, sitting=SITTING)
             runs.add(rec)
             say(f"{p.id:24} {setting_name:44} {len(rec['token_ids']):4d} tok {rec['wall_s']:8.2f} s "
-                f"{'right' if rec['score'] else 'wrong'}")
+                f"{fields['score_status']}")
+            if failure is not None:
+                raise failure
         return {p.id: runs.get(setting_name, p.id) for p in problems}
 
     base = each(BASELINE, lambda ids: trace(engine, ids, max_new_tokens, k_max), f"baseline trace (exact, K={k_max})")
@@ -326,7 +365,7 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
     chosen = choose(confirmed)
     return {"problems": [p.id for p in problems], "max_new_tokens": max_new_tokens, "min_retention": min_retention,
             "baseline": {"method": "exact", "drafter": "mla", "num_draft_tokens": k_max, "adaptive_draft_length": False,
-                         "accuracy": round(sum(bool(r["score"]) for r in base.values()) / len(base), 4) if base else None},
+                         "accuracy": _accuracy(base.values())},
             "screen": screened, "frontier": [r["name"] for r in front], "confirmed": confirmed,
             "chosen": None if chosen is None else {"name": chosen, **asdict(by_name[chosen])}}
 

@@ -42,7 +42,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from loosespec.eval.harness import CONFIG, RESULTS, ResultsFile, summarize
+from loosespec.eval.harness import CONFIG, RESULTS, ResultsFile, read_config, summarize, unique_rows
 
 MAX_LOOP_PERIOD = 64  # tokens in the repeated span, at most
 MIN_LOOP_REPEATS = 3  # times the span repeats at the end of the output, at least
@@ -174,10 +174,10 @@ def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", pr
 
 
 def _load(out: Path) -> tuple[list[dict], dict]:
-    import json
-
+    """A results directory's rows (read without changing anything; a repeated (question, method) pair once, with a
+    warning) and its config (one line naming config.json when it is damaged)."""
     out = Path(out)
-    return ResultsFile(out / RESULTS).read(), json.loads((out / CONFIG).read_text())
+    return unique_rows(ResultsFile(out / RESULTS).read(), str(out / RESULTS))[0], read_config(out)
 
 
 def _name(d: Path, root: Path | None) -> str:

@@ -17,11 +17,43 @@ transformers' defaults, in the same precision as loosespec's methods); ``llamacp
 ``vllm-fly*`` and ``specguard*`` are LOSSY and marked so in every result.
 
 Resuming: every finished (question, method) pair is a flushed line; a rerun with the same command
-skips those. A torn last line (a run killed mid-write) is dropped with a warning and saved to
-``results.jsonl.corrupt``; a damaged line elsewhere is an error. ``DIR/config.json`` holds what the
-numbers depend on (models, dtype, device, dataset and its options, token budget, sampling, seed,
-SpecGuard's tau); running a different configuration into the same DIR is an error. The prompt
-limit and the method list may grow between runs: only the missing pairs run.
+skips those. ``DIR/config.json`` holds what the numbers depend on (models, dtype, device, dataset and its
+options, token budget, sampling, seed, SpecGuard's tau); running a different configuration into the same DIR
+is an error. The prompt limit and the method list may grow between runs: only the missing pairs run.
+
+One run writes a folder at a time: ``bench`` takes an exclusive lock (``fcntl.flock`` on ``DIR/results.lock``,
+without waiting; :class:`RunLock`, :func:`open_run`) for the whole run and writes its pid into that file. A
+second ``bench --out DIR`` while the first runs fails at once with one line naming DIR and the holder's pid. The
+summary counts a repeated (question, method) pair once (a row with a verdict before one whose scoring failed,
+else the first written), warns how many were repeated and records the count (``repeated_pairs``), so n,
+accuracy and McNemar never count a pair twice.
+
+Reading never changes the folder: a torn last line (a run killed mid-write, or a line a running writer is still
+finishing) is skipped with a warning by every reader (``loosespec report``, :mod:`loosespec.eval.failures`).
+Only the run holding the lock repairs one: it moves the torn line to ``results.jsonl.corrupt`` and truncates
+it off, and that (question, method) pair runs again. A damaged line elsewhere is an error. ``report`` writes
+``summary.json`` and the plots only when no run holds the folder (else it prints the table and leaves them to
+that run). Every file that is replaced (``config.json``, ``summary.json``, the plots, the Spec-Bench export)
+is written whole through a temporary file and a rename (:func:`loosespec.fileio.atomic_write_text`); a
+``config.json`` that is not JSON is a one-line error naming it.
+
+Scoring failures are not wrong answers. Every row stores the scorer's verdict
+(:class:`loosespec.eval.datasets.Verdict`): ``score`` (True, False, or None for no answer), ``score_status``
+(``right``, ``wrong``, ``error``, ``unscored``) and ``score_detail`` (e.g. the sandbox mode, or what
+failed). A program under test that fails, times out or runs out of memory is ``wrong``; ``error`` means the
+harness failed (a sandbox that could not start, a scorer's own exception): such a row has no answer, is left
+out of accuracy, recovery and McNemar, is counted per method (``score_errors``, and a line under the printed
+table), and a resumed run scores its stored output again (no generation): the run holding the lock replaces
+those rows in place (``results.jsonl`` rewritten whole through a temporary file and a rename, every other line
+byte for byte; the earlier verdicts kept in the row's ``score_history``). Rows written before ``score_status``
+existed read as right/wrong/unscored from ``score``.
+
+Provenance: ``config.json``'s ``runs`` lists every run on the folder, resumes included (a refused one adds
+nothing; :func:`run_provenance`:
+``id``, the command line, the UTC date, the loosespec version, the git commit and whether ``loosespec/`` had
+uncommitted changes when it runs from a git checkout (else null), the models' sha256 or Hub revision where
+known and the evaluation files' sha256); each row names its run (``run_id``). ``runs`` is not part of the
+configuration a resumed run must match.
 
 Summary metrics, per method over the prompts it shares with its baseline (``ar``; ``vllm-ar`` for the
 ``vllm-*`` methods when it ran, named in the summary's ``baseline``); "``ar``" below means that baseline:
@@ -34,7 +66,8 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
 - ``mean_accepted_length`` = emitted tokens / rounds over all rounds (Spec-Bench's and vLLM's tau;
   1 for ``ar``; for the peers from the chunks ``generate`` streams per step);
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens (loosespec methods);
-- ``accuracy`` (scored datasets) with a 95% Wilson interval, ``recovery`` = accuracy / ``ar``
+- ``accuracy`` (scored datasets; over the pairs where both rows have a verdict: rows whose scoring failed are
+  left out and counted in ``score_errors``) with a 95% Wilson interval, ``recovery`` = accuracy / ``ar``
   accuracy, the paired counts ``ar_right_method_wrong`` and ``ar_wrong_method_right`` and McNemar's exact
   p-value on them (``mcnemar_p``: two-sided binomial test of the discordant pairs, 1 when there are none);
 - ``identical_to_ar`` = share of outputs whose token ids equal ``ar``'s;
@@ -48,27 +81,44 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
+import hashlib
+import io
 import json
 import math
 import os
 import platform
 import random
+import subprocess
 import sys
 import time
+import uuid
 import warnings
+import weakref
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from loosespec.config import DRAFTERS, DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
+from loosespec.eval.datasets import VERDICT_STATUSES, ScoringError, Verdict, as_verdict
+from loosespec.fileio import atomic_write_bytes, atomic_write_text
 from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, FLY_WINDOW_MEANING
+
+try:
+    import fcntl
+except ImportError:  # Windows: msvcrt's byte-range lock instead
+    fcntl = None
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.json"
+LOCK = "results.lock"  # the run's lock (RunLock): holds the holder's pid while a run writes the folder
+RUNS = "runs"  # config.json's provenance of every run on the folder (run_provenance): not compared on resume
+GIT_TIMEOUT_S = 5.0
 
 HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
 SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
@@ -225,24 +275,201 @@ def method_config(method: str, *, max_new_tokens: int, temperature: float, seed:
 
 
 # ---------------------------------------------------------------------------------------------
-# results.jsonl: append, flush, resume
+# results.jsonl: the run's lock, append, flush, read without changing, repair, resume
 # ---------------------------------------------------------------------------------------------
 
 
+_HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # folders this process locks
+
+
+def _folder_key(out: Path) -> str:
+    return os.path.realpath(out)
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock on ``fd`` without waiting; False when another open file holds it."""
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:  # pragma: no cover - Windows
+            import msvcrt
+
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError as e:
+        import errno
+
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):  # EDEADLK: msvcrt's "held"
+            return False
+        raise
+    return True
+
+
+def _unlock(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    else:  # pragma: no cover - Windows
+        import msvcrt
+
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+
+def lock_holder(out: Path) -> str:
+    """Who holds ``DIR``'s lock, as its file says (``pid 123, loosespec bench since ...``), for messages."""
+    try:
+        info = json.loads((Path(out) / LOCK).read_text(encoding="utf-8"))
+        return f"pid {info['pid']}, {info.get('command', 'a run')} since {info.get('since', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "pid unknown"
+
+
+class RunLock:
+    """The exclusive lock of one run on a results folder: ``fcntl.flock`` on ``DIR/results.lock``, taken without
+    waiting, held until :meth:`release` (or the process ends: the system drops a dead process's lock, so a run
+    killed with -9 leaves nothing to clean up). The lock file holds the holder's pid, command and start while it
+    is held; it is never deleted (deleting a lock file lets two runs lock two different files).
+
+    A process locks a folder once: the harness's writers (:func:`run_bench`, :func:`rescore_errors`,
+    :func:`check_config`, :meth:`ResultsFile.repair`) use the lock this process already holds, or take it for
+    their own duration. ``rows``, ``run_id`` and ``rescored`` carry :func:`open_run`'s state."""
+
+    def __init__(self, out: Path, command: str = "loosespec bench"):
+        self.out = Path(out)
+        self.path = self.out / LOCK
+        self.command = command
+        self.run_id: str | None = None
+        self.rows: list[dict] = []
+        self.rescored: set[tuple[str, str]] = set()  # pairs scored again under this lock (once per run)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; False (nothing changed) when another run does."""
+        key = _folder_key(self.out)
+        mine = _HELD.get(key)
+        if mine is not None:
+            raise LoosespecError(f"{self.out} is already locked by this process ({mine.command})")
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if not _try_lock(fd):
+                os.close(fd)
+                return False
+            info = {"pid": os.getpid(), "command": self.command, "since": _utc_now()}
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(info) + "\n").encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        _HELD[key] = self
+        return True
+
+    def acquire(self) -> "RunLock":
+        """Take the lock, or fail at once with one line naming the folder and the holder's pid."""
+        if not self.try_acquire():
+            raise LoosespecError(f"{self.out} is being written by another run ({lock_holder(self.out)}); two runs "
+                                 f"on one folder would append the same pairs twice: wait for it, or use another --out")
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if _HELD.get(_folder_key(self.out)) is self:
+            del _HELD[_folder_key(self.out)]
+        try:
+            os.ftruncate(fd, 0)  # a finished run's pid names no holder
+            _unlock(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # closing drops the lock in any case
+
+    def __enter__(self) -> "RunLock":
+        return self if self.held else self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self):
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+
+
+@contextlib.contextmanager
+def _writing(out: Path) -> Iterator[RunLock]:
+    """The lock this process holds on ``out``, or the lock taken for the block (one line if another run holds it)."""
+    held = _HELD.get(_folder_key(out))
+    if held is not None:
+        yield held
+        return
+    with RunLock(out).acquire() as lock:
+        yield lock
+
+
+@contextlib.contextmanager
+def _derived_writes(out: Path) -> Iterator[str | None]:
+    """May this process replace ``out``'s derived files (summary.json, plots)? Yields None when it may (it holds
+    the folder's lock, no run ever locked the folder, or the lock is free and taken for the block), else who holds
+    it: a reader leaves a folder that a run is writing as it is. No lock file is created here."""
+    if _folder_key(out) in _HELD or not (Path(out) / LOCK).exists():
+        yield None
+        return
+    lock = RunLock(out, "loosespec report")
+    try:
+        free = lock.try_acquire()
+    except OSError:  # a folder this user cannot lock: read-only, so nobody writes it
+        free = True
+    if not free:
+        yield lock_holder(out)
+        return
+    try:
+        yield None
+    finally:
+        lock.release()
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class _Scan:
+    rows: list[dict]
+    spans: list[tuple[int, int]]  # each row's line, byte offsets without its newline
+    data: bytes
+    torn: tuple[int, int, str] | None  # (line number, bytes before it, why) of a torn last line
+
+
 class ResultsFile:
-    """``DIR/results.jsonl``: read with torn-tail recovery, append one flushed line per result."""
+    """``DIR/results.jsonl``: one flushed line per result.
 
-    def __init__(self, path: Path):
+    :meth:`read` never changes the file (a torn last line is skipped with a warning); :meth:`repair` and
+    :meth:`replace` are the writer's, under the folder's lock (:class:`RunLock`); :meth:`append` is called by
+    the run that holds it. ``run_id``: the run whose rows :func:`_record` appends (config.json's ``runs``)."""
+
+    def __init__(self, path: Path, run_id: str | None = None):
         self.path = Path(path)
+        self.run_id = run_id
 
-    def read(self) -> list[dict]:
+    def _scan(self) -> _Scan:
         if not self.path.exists():
-            return []
+            return _Scan([], [], b"", None)
         data = self.path.read_bytes()
-        rows, good_end, pos = [], 0, 0
+        rows, spans, pos = [], [], 0
         lines = data.split(b"\n")
         for i, raw in enumerate(lines):
-            end = pos + len(raw) + (1 if i < len(lines) - 1 else 0)
+            end = pos + len(raw)
             is_last = all(not x.strip() for x in lines[i + 1:])
             if raw.strip():
                 try:
@@ -251,32 +478,99 @@ class ResultsFile:
                         raise ValueError("not a JSON object")
                     if i == len(lines) - 1:  # no trailing newline: the write did not finish
                         raise ValueError("unterminated line")
-                    rows.append(row)
                 except ValueError as e:
                     if not is_last:
                         raise LoosespecError(f"{self.path}: line {i + 1} is damaged ({e}) and is not the last line; "
                                              f"repair or remove it before resuming") from None
-                    self._drop_tail(data[good_end:], i + 1, good_end, str(e))
-                    return rows
-            good_end = end if raw.strip() else good_end
-            pos = end
-        return rows
+                    return _Scan(rows, spans, data, (i + 1, pos, str(e)))
+                rows.append(row)
+                spans.append((pos, end))
+            pos = end + 1
+        return _Scan(rows, spans, data, None)
+
+    def read(self) -> list[dict]:
+        """Every complete row. Changes nothing: a torn last line (a run killed mid-write, or one a running writer
+        is finishing) is skipped with a warning; the run that next holds the lock repairs it."""
+        scan = self._scan()
+        if scan.torn is not None:
+            line_no, _, why = scan.torn
+            warnings.warn(f"{self.path}: skipped a torn last line {line_no} ({why}); a run may still be writing it. "
+                          f"Nothing was changed (the next `loosespec bench` on this folder repairs it)", stacklevel=2)
+        return scan.rows
+
+    def repair(self) -> list[dict]:
+        """The writer's read, under the folder's lock: a torn last line is moved to ``results.jsonl.corrupt`` and
+        truncated off (its pair runs again); returns the rows."""
+        with _writing(self.path.parent):
+            scan = self._scan()
+            if scan.torn is not None:
+                line_no, keep, why = scan.torn
+                self._drop_tail(scan.data[keep:], line_no, keep, why)
+            return scan.rows
 
     def _drop_tail(self, tail: bytes, line_no: int, keep: int, why: str) -> None:
         corrupt = self.path.with_name(self.path.name + ".corrupt")
         with open(corrupt, "ab") as f:
             f.write(tail if tail.endswith(b"\n") else tail + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
         with open(self.path, "r+b") as f:
             f.truncate(keep)
         warnings.warn(f"{self.path}: dropped a torn last line {line_no} ({why}); it was saved to {corrupt} "
                       f"and its (question, method) pair will run again", stacklevel=3)
 
+    def replace(self, new: dict[int, dict]) -> None:
+        """Replace rows by their index in :meth:`repair`'s list: the file is rewritten whole through a temporary
+        file and a rename, every other line byte for byte. Under the folder's lock."""
+        with _writing(self.path.parent):
+            scan = self._scan()
+            if scan.torn is not None:
+                raise LoosespecError(f"{self.path}: a torn last line must be repaired before rows are replaced")
+            if any(not 0 <= i < len(scan.rows) for i in new):
+                raise LoosespecError(f"{self.path}: no row {sorted(new)} to replace")
+            out, pos = [], 0
+            for i in sorted(new):
+                start, end = scan.spans[i]
+                out += [scan.data[pos:start], json.dumps(new[i], ensure_ascii=False, default=str).encode("utf-8")]
+                pos = end
+            atomic_write_bytes(self.path, b"".join(out) + scan.data[pos:])
+
     def append(self, row: dict) -> None:
-        line = json.dumps(row, ensure_ascii=False) + "\n"
+        line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+
+def score_status(row: dict) -> str:
+    """A row's verdict: its ``score_status``, or for rows written before it existed, ``score`` read as
+    right (True), wrong (False) or unscored (None)."""
+    status = row.get("score_status")
+    if status in VERDICT_STATUSES:
+        return status
+    score = row.get("score")
+    return "unscored" if score is None else ("right" if score else "wrong")
+
+
+def unique_rows(rows: Sequence[dict], where: str = "results", warn: bool = True) -> tuple[list[dict], int]:
+    """One row per (question_id, method), in file order: a row with a verdict is kept before one whose scoring
+    failed, else the first written. Warns when a pair is repeated (two runs appended to one folder) and
+    returns (rows, how many repeated rows were left out)."""
+    keep: dict[tuple[str, str], int] = {}
+    out: list[dict] = []
+    for r in rows:
+        key = (r["question_id"], r["method"])
+        if key not in keep:
+            keep[key] = len(out)
+            out.append(r)
+        elif score_status(out[keep[key]]) == "error" and score_status(r) != "error":
+            out[keep[key]] = r
+    repeated = len(rows) - len(out)
+    if repeated and warn:
+        warnings.warn(f"{where}: {repeated} repeated (question, method) pair row(s) (two runs appended to one "
+                      f"folder?): each pair is counted once", stacklevel=2)
+    return out, repeated
 
 
 # keys that directories written before they existed lack, and the value those runs had: a directory whose FLy rows
@@ -284,22 +578,204 @@ class ResultsFile:
 LEGACY_WINDOW_MEANING = "counting the mismatch"
 LEGACY_CONFIG = {"adaptive_draft_length": False, "fly_window_meaning": LEGACY_WINDOW_MEANING}
 DRAFT_LEVELS = ("lookup", "model", "none")  # loosespec.decode.draftlen's rounds_<level> counters
+PROVENANCE_KEYS = (RUNS,)  # in config.json, not compared on resume
 
 
-def check_config(out: Path, config: dict) -> None:
-    """Write ``DIR/config.json`` on the first run; later runs must match it key for key."""
+def read_config(out: Path) -> dict:
+    """``DIR/config.json``; one line naming the file when it is not a JSON object (torn, hand-edited)."""
+    path = Path(out) / CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LoosespecError(f"{path} is damaged ({e.msg} at line {e.lineno} column {e.colno}): restore it from a "
+                             f"copy (it names the settings {path.parent}'s results ran with) or use another "
+                             f"--out") from None
+    except UnicodeDecodeError as e:
+        raise LoosespecError(f"{path} is damaged (not UTF-8 text: {e.reason}): restore it from a copy or use "
+                             f"another --out") from None
+    if not isinstance(data, dict):
+        raise LoosespecError(f"{path} is damaged (not a JSON object): restore it from a copy or use another --out")
+    return data
+
+
+def _dump_config(config: dict) -> str:
+    return json.dumps(config, indent=1, sort_keys=True) + "\n"
+
+
+def check_config(out: Path, config: dict, provenance: dict | None = None) -> None:
+    """Write ``DIR/config.json`` on the first run; later runs must match it key for key (``runs``, the
+    provenance, aside). ``provenance`` (:func:`run_provenance`) is added to ``runs``; nothing recorded is
+    overwritten. Written whole (temporary file and rename), under the folder's lock."""
+    out = Path(out)
     path = out / CONFIG
-    if path.exists():
-        old = {**{k: v for k, v in LEGACY_CONFIG.items() if k in config}, **json.loads(path.read_text())}
-        if "draft_dtype" in config and "draft_dtype" not in old:  # written before the draft had its own precision
-            old["draft_dtype"] = old.get("dtype") if old.get("draft") else None
-        diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
-        if diff:
-            lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)
-            raise LoosespecError(f"{out} holds results of a different configuration ({lines}); "
-                                 f"use another --out directory, or rerun with the same settings")
-        return
-    path.write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    config = {k: v for k, v in config.items() if k not in PROVENANCE_KEYS}
+    with _writing(out):
+        if path.exists():
+            stored = read_config(out)
+            old = {**{k: v for k, v in LEGACY_CONFIG.items() if k in config},
+                   **{k: v for k, v in stored.items() if k not in PROVENANCE_KEYS}}
+            if "draft_dtype" in config and "draft_dtype" not in old:  # written before the draft had its own precision
+                old["draft_dtype"] = old.get("dtype") if old.get("draft") else None
+            diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+            if diff:
+                lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)
+                raise LoosespecError(f"{out} holds results of a different configuration ({lines}); "
+                                     f"use another --out directory, or rerun with the same settings")
+            if provenance is not None:
+                runs = stored.get(RUNS) if isinstance(stored.get(RUNS), list) else []
+                atomic_write_text(path, _dump_config({**stored, RUNS: runs + [provenance]}))
+            return
+        atomic_write_text(path, _dump_config({**config, **({RUNS: [provenance]} if provenance is not None else {})}))
+
+
+def open_run(out: Path, config: dict, *, data_dir: str | Path | None = None,
+             command: str = "loosespec bench", sandbox: str | None = None) -> RunLock:
+    """Start a run on ``DIR``: take its lock (one line naming DIR and the holder's pid if another run holds it),
+    check ``config`` against ``config.json`` and record this run's provenance there (:func:`run_provenance`),
+    and repair a torn last line of ``results.jsonl``. Returns the held :class:`RunLock` (``rows``: the results
+    so far; ``run_id``: this run's entry in ``runs``); release it at the end (``with`` or :meth:`RunLock.release`;
+    the system releases it when the process ends). ``sandbox``: the mode model-written code is scored in, if
+    any, recorded with the run."""
+    lock = RunLock(out, command).acquire()
+    try:
+        provenance = run_provenance(config, data_dir=data_dir, sandbox=sandbox)
+        check_config(out, config, provenance)
+        lock.run_id = provenance["id"]
+        lock.rows = ResultsFile(Path(out) / RESULTS).repair()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance
+# ---------------------------------------------------------------------------------------------
+
+# the files each evaluation set's loader reads (loosespec.eval.datasets), hashed into every run's provenance
+DATASET_FILES: dict[str, tuple[str, ...]] = {
+    "gsm8k": ("gsm8k_test.jsonl",), "gsm8k-train": ("gsm8k_train.jsonl",), "mgsm": ("mgsm.jsonl",),
+    "math500": ("math500_test.jsonl",), "humaneval": ("humaneval.jsonl",), "mbpp-train": ("mbpp.jsonl",),
+    "specbench": ("spec_bench_question.jsonl",), "mtbench": ("mt_bench_question.jsonl",),
+    "niah": ("paul_graham_essays.jsonl",),
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file (remembered per process while its size and mtime stay)."""
+    st = os.stat(path)
+    return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+def _git(args: Sequence[str], cwd: Path) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def source_checkout() -> dict:
+    """``git_commit`` and ``git_dirty`` (uncommitted changes, untracked files included, under ``loosespec/`` or
+    in ``pyproject.toml``) of the checkout loosespec runs from; both None when it does not run from one (an
+    installed wheel), git is missing or slow (:data:`GIT_TIMEOUT_S`)."""
+    import loosespec
+
+    pkg = Path(loosespec.__file__).resolve().parent
+    top = _git(["rev-parse", "--show-toplevel"], pkg)
+    if top is None or Path(top).resolve() != pkg.parent:  # e.g. installed into a venv inside another repository
+        return {"git_commit": None, "git_dirty": None}
+    commit = _git(["rev-parse", "HEAD"], pkg.parent)
+    status = None if commit is None else _git(["status", "--porcelain", "--", pkg.name, "pyproject.toml"], pkg.parent)
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _hub_revision(repo_id: str) -> str | None:
+    """The commit of a Hub model's copy in the local Hugging Face cache (no network), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # not installed, a malformed id: unknown
+        return None
+    return Path(found).parent.name if isinstance(found, str) else None
+
+
+def model_provenance(spec: str | None, revision: str | None = None) -> dict | None:
+    """What a model spec named when the run started, read without loading or preparing anything: an embedded
+    model's pinned GGUF sha256 (``revision``) and the provenance its conversion recorded (``converted``, None before
+    it is prepared), a ``.gguf`` file's sha256, a local directory's files' sha256 (``files``), a Hub id's revision
+    (the one asked for, else the commit of its copy in the local Hugging Face cache, else None). Never raises:
+    what cannot be read is recorded as ``error``."""
+    if spec is None:
+        return None
+    try:
+        from loosespec import models as M
+
+        if spec in M.EMBEDDED:
+            e = M.EMBEDDED[spec]
+            marker = M._hf_dir(spec) / M._READY_MARKER
+            return {"spec": spec, "kind": "embedded", "revision": e.sha256, "gguf_sha256": e.sha256,
+                    "original_id": e.original_id,
+                    "converted": json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None}
+        p = Path(spec).expanduser()
+        if spec.endswith(".gguf") and p.is_file():
+            sha = file_sha256(p)
+            return {"spec": spec, "kind": "gguf", "path": str(p.resolve()), "revision": sha, "gguf_sha256": sha}
+        if p.is_dir():
+            files = {f.name: file_sha256(f) for f in sorted(p.iterdir()) if f.is_file() and not f.name.startswith(".")}
+            return {"spec": spec, "kind": "local", "path": str(p.resolve()), "revision": "local", "files": files}
+        return {"spec": spec, "kind": "hub", "revision": revision or _hub_revision(spec),
+                "requested_revision": revision}
+    except Exception as e:  # provenance never stops a run
+        return {"spec": spec, "error": f"{type(e).__name__}: {e}"}
+
+
+def data_provenance(dataset: str, data_dir: str | Path | None = None) -> dict:
+    """The files the dataset's loader reads (:data:`DATASET_FILES`), each with where it was read from and its
+    sha256 (a Hub copy: its source, revision unknown); an unknown set records nothing. Never raises."""
+    from loosespec.eval import datasets as D
+
+    out = {}
+    for name in DATASET_FILES.get(dataset, ()):
+        try:
+            where = D.data_file(name, data_dir)
+            if where == D.HUB:
+                repo, config, split = D.HUB_SOURCES[name]
+                out[name] = {"hub": repo, "config": config, "split": split, "revision": None}
+            else:
+                out[name] = {"path": str(Path(where).resolve()), "sha256": file_sha256(Path(where))}
+        except Exception as e:  # a file that is not there is the loader's error to report, not provenance's
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def run_provenance(config: dict, *, data_dir: str | Path | None = None, argv: Sequence[str] | None = None,
+                   sandbox: str | None = None) -> dict:
+    """One run's entry in config.json's ``runs``: ``id`` (each row's ``run_id``), ``argv`` (``sys.argv``),
+    ``date`` (UTC, ISO 8601), ``loosespec`` (the version), ``git_commit`` / ``git_dirty``
+    (:func:`source_checkout`), ``models`` (``target`` and ``draft``, :func:`model_provenance`; a Hub id's revision
+    asked for is the config's ``target_revision`` / ``draft_revision`` where it has one) and
+    ``data_files`` (:func:`data_provenance`), and ``sandbox``, the mode model-written code ran in (a set that runs
+    none: absent). Nothing here is compared on resume."""
+    from loosespec import __version__
+
+    return {"id": uuid.uuid4().hex[:12], "argv": list(sys.argv if argv is None else argv), "date": _utc_now(),
+            "loosespec": __version__, **source_checkout(),
+            "models": {role: model_provenance(config.get(role), config.get(f"{role}_revision"))
+                       for role in ("target", "draft")},
+            "data_files": data_provenance(config.get("dataset", ""), data_dir),
+            **({} if sandbox is None else {"sandbox": sandbox})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,8 +893,12 @@ def run_method(engine, method: str, ids, settings: dict) -> Outcome:
     return loosespec_generate(engine, cfg, ids)
 
 
-def result_row(problem, dataset: str, method: str, outcome: Outcome, score: bool | None, model_id: str) -> dict:
-    """One results.jsonl line; ``choices`` follows Spec-Bench's answer-file layout."""
+def result_row(problem, dataset: str, method: str, outcome: Outcome, score: "bool | None | Verdict", model_id: str,
+               run_id: str | None = None) -> dict:
+    """One results.jsonl line; ``choices`` follows Spec-Bench's answer-file layout. ``score``: the scorer's
+    verdict (a :class:`~loosespec.eval.datasets.Verdict`, or a bool / None as plain scorers return),
+    stored as ``score``, ``score_status`` and ``score_detail``."""
+    verdict = as_verdict(score)
     st = outcome.stats
     rounds = len(outcome.round_lengths) or st.get("rounds", 0)
     new = len(outcome.token_ids)
@@ -429,11 +909,12 @@ def result_row(problem, dataset: str, method: str, outcome: Outcome, score: bool
         "wall_time": round(outcome.wall_s, 4), "rounds": rounds, "accept_lengths": outcome.round_lengths,
         "mean_accepted_length": round(new / rounds, 4) if rounds else None,
         "drafted_tokens": st.get("drafted_tokens"), "accepted_tokens": st.get("accepted_tokens"),
-        "stats": st, "score": score, "hardware": hardware(),
+        "stats": st, "score": verdict.score, "score_status": verdict.status, "score_detail": dict(verdict.detail),
+        "hardware": hardware(),
         "answer": problem.answer if problem.answer is not None and len(problem.answer) <= 200 else None,
         "choices": [{"index": 0, "turns": [outcome.text], "decoding_steps": [rounds], "new_tokens": [new],
                      "wall_time": [round(outcome.wall_s, 4)], "accept_lengths": outcome.round_lengths}],
-        "tstamp": time.time(),
+        "tstamp": time.time(), "run_id": run_id,
     }
 
 
@@ -468,12 +949,12 @@ def export_spec_bench(rows: Sequence[dict], dest: Path) -> list[Path]:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     by_method: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
+    for r in unique_rows(rows, "the rows exported to Spec-Bench's layout")[0]:
         by_method[r["method"]].append({k: r[k] for k in SPEC_BENCH_KEYS})
     paths = []
     for m, items in by_method.items():
         paths.append(dest / f"{m}.jsonl")
-        paths[-1].write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items), encoding="utf-8")
+        atomic_write_text(paths[-1], "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items))
     return paths
 
 
@@ -483,16 +964,26 @@ def pending_pairs(problems: Sequence, methods: Sequence[str], done: set[tuple[st
 
 
 def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, dataset: str, settings: dict,
-              encode: Callable, scorer: Callable[[object, str], bool | None], model_id: str,
+              encode: Callable, scorer: Callable[[object, str], "bool | None | Verdict"], model_id: str,
               progress: bool = True, log: Callable[[str], None] | None = None, vllm=None) -> list[dict]:
-    """Run every missing (problem, method) pair, appending each result as soon as it is scored.
+    """Run every missing (problem, method) pair, appending each result as soon as it is scored, under the folder's
+    lock (the one this process holds, e.g. :func:`open_run`'s, or one taken here). Rows whose scoring failed are
+    scored again first (:func:`rescore_errors`). ``scorer`` returns a Verdict, or a bool / None.
     ``vllm``: :class:`loosespec.eval.peers.vllm.VllmSettings` for the ``vllm-*`` methods."""
+    with _writing(out) as lock:
+        return _run_bench(engine, problems, methods, out, lock, dataset=dataset, settings=settings, encode=encode,
+                          scorer=scorer, model_id=model_id, progress=progress, log=log, vllm=vllm)
+
+
+def _run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, lock: RunLock, *, dataset: str,
+               settings: dict, encode: Callable, scorer: Callable, model_id: str, progress: bool,
+               log: Callable[[str], None] | None, vllm) -> list[dict]:
     from tqdm.auto import tqdm
 
     from loosespec.eval.peers.vllm import is_vllm_method
 
-    results = ResultsFile(out / RESULTS)
-    rows = results.read()
+    results = ResultsFile(out / RESULTS, run_id=lock.run_id)
+    rows = rescore_errors(out, problems, methods, scorer=scorer, log=log)
     done = {(r["question_id"], r["method"]) for r in rows}
     todo = pending_pairs(problems, [m for m in methods if not is_vllm_method(m)], done)
     for m in [m for m in methods if is_vllm_method(m)]:
@@ -518,16 +1009,78 @@ def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, 
     return rows
 
 
+def judge_output(scorer: Callable, problem, text: str) -> tuple[Verdict, BaseException | None]:
+    """The scorer's verdict on ``text`` as a Verdict, never raising for a failure of the scoring: a
+    :class:`~loosespec.eval.datasets.ScoringError` or a scorer's own exception is ``Verdict("error", ...)``
+    (no answer, scored again on resume). Any other :class:`LoosespecError` (bad scoring options) is an error verdict
+    too and is returned second, for the caller to raise once the row is safe."""
+    try:
+        return as_verdict(scorer(problem, text)), None
+    except ScoringError as e:
+        return Verdict("error", {"error": str(e), **e.detail}), None
+    except LoosespecError as e:
+        return Verdict("error", {"error": str(e)}), e
+    except Exception as e:  # a scorer's bug is the harness's failure, not a wrong answer
+        return Verdict("error", {"error": f"{type(e).__name__}: {e}"}), None
+
+
+def _verdict_note(v: Verdict) -> str:
+    if v.status == "error":
+        return f"  scoring failed ({v.detail.get('error', 'no detail')}): no answer, scored again on resume"
+    return "" if v.status == "unscored" else f"  {v.status}"
+
+
 def _record(problem, method: str, outcome: Outcome, results: "ResultsFile", rows: list[dict], *, dataset: str,
             scorer: Callable, model_id: str, log: Callable[[str], None] | None) -> None:
-    """Score one finished run, append its row (flushed) and log it."""
-    score = scorer(problem, outcome.text)
-    row = result_row(problem, dataset, method, outcome, score, model_id)
+    """Score one finished run, append its row (flushed) and log it. A scoring failure is stored as such
+    (``score_status`` ``error``), never as a wrong answer; bad scoring options are raised after the row is written."""
+    verdict, failure = judge_output(scorer, problem, outcome.text)
+    row = result_row(problem, dataset, method, outcome, verdict, model_id, run_id=results.run_id)
     results.append(row)
     rows.append(row)
     if log is not None:
         log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
-            + ("" if score is None else f"  {'right' if score else 'wrong'}"))
+            + _verdict_note(verdict))
+    if failure is not None:
+        raise failure
+
+
+def rescore_errors(out: Path, problems: Sequence, methods: Sequence[str], *, scorer: Callable,
+                   log: Callable[[str], None] | None = None) -> list[dict]:
+    """Score again, from their stored outputs (no generation), the rows of ``problems`` x ``methods`` whose scoring
+    failed (``score_status`` ``error``), once per run, under the folder's lock; replace those rows in
+    ``results.jsonl`` (rewritten whole through a temporary file and a rename, every other line as it was), the
+    earlier verdicts kept in ``score_history``. Repairs a torn last line first. Returns every row."""
+    out = Path(out)
+    by_id = {p.id: p for p in problems}
+    wanted = set(methods)
+    with _writing(out) as lock:
+        results = ResultsFile(out / RESULTS)
+        rows = results.repair()
+        new: dict[int, dict] = {}
+        failure = None
+        for i, r in enumerate(rows):
+            pair = (r["question_id"], r["method"])
+            if score_status(r) != "error" or pair in lock.rescored or r["question_id"] not in by_id \
+                    or r["method"] not in wanted:
+                continue
+            lock.rescored.add(pair)
+            verdict, failure = judge_output(scorer, by_id[r["question_id"]], r.get("output", ""))
+            history = list(r.get("score_history") or []) + [{"status": "error", "detail": r.get("score_detail") or {},
+                                                               "tstamp": r.get("scored_at", r.get("tstamp"))}]
+            new[i] = {**r, "score": verdict.score, "score_status": verdict.status, "score_detail": dict(verdict.detail),
+                      "score_history": history, "scored_at": time.time()}
+            if log is not None:
+                log(f"{r['question_id']:24} {r['method']:20} scored again from its stored output:"
+                    + (_verdict_note(verdict) or "  unscored"))
+            if failure is not None:
+                break
+        if new:
+            results.replace(new)
+            rows = [new.get(i, r) for i, r in enumerate(rows)]
+        if failure is not None:
+            raise failure
+        return rows
 
 
 def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "ResultsFile", rows: list[dict], *,
@@ -686,16 +1239,22 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     }
     if len(timed) < len(paired):
         s["timed_prompts"] = len(timed)
-    scored = [r for r in paired if r.get("score") is not None and ar[r["question_id"]].get("score") is not None]
+    # a verdict on both sides: a row whose scoring failed (score_status "error") is no answer, left out and counted
+    answered = ("right", "wrong")
+    scored = [(score_status(r) == "right", score_status(ar[r["question_id"]]) == "right") for r in paired
+              if score_status(r) in answered and score_status(ar[r["question_id"]]) in answered]
+    errors = sum(score_status(r) == "error" for r in mine)
+    if errors:
+        s["score_errors"] = errors
     if scored:
-        right = sum(bool(r["score"]) for r in scored)
-        ar_right = sum(bool(ar[r["question_id"]]["score"]) for r in scored)
+        right = sum(m for m, _ in scored)
+        ar_right = sum(a for _, a in scored)
         acc, ar_acc = right / len(scored), ar_right / len(scored)
         s.update({
             "scored": len(scored), "accuracy": round(acc, 4), "accuracy_ci95": wilson(right, len(scored)),
             "ar_accuracy": round(ar_acc, 4), "recovery": round(acc / ar_acc, 4) if ar_acc else None,
-            "ar_right_method_wrong": sum(bool(ar[r["question_id"]]["score"]) and not r["score"] for r in scored),
-            "ar_wrong_method_right": sum(not ar[r["question_id"]]["score"] and bool(r["score"]) for r in scored),
+            "ar_right_method_wrong": sum(a and not m for m, a in scored),
+            "ar_wrong_method_right": sum(m and not a for m, a in scored),
         })
         s["mcnemar_p"] = mcnemar_exact(s["ar_right_method_wrong"], s["ar_wrong_method_right"])
     blocks = {(b["makespan_s"], b["new_tokens"]): b["vllm_counters"]
@@ -741,7 +1300,9 @@ def _levels(rows: list[dict]) -> dict:
 
 
 def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dict:
-    """Per method (``methods``) and per category (``categories``); see the module docstring."""
+    """Per method (``methods``) and per category (``categories``); see the module docstring. A repeated
+    (question, method) pair counts once (:func:`unique_rows`, with a warning; ``repeated_pairs``)."""
+    rows, repeated = unique_rows(rows)
     methods = list(methods or dict.fromkeys(r["method"] for r in rows))
     present = {r["method"] for r in rows}
     base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in ("ar", "vllm-ar")}
@@ -772,6 +1333,8 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
                     ms = _method_summary(mine, here_base[baseline_of(m, present)])
                     on["methods"][m] = {k: ms[k] for k in ("prompts", "speedup", "speedup_ci95", "tokens_per_s")}
             out["machines"][label] = on
+    if repeated:
+        out["repeated_pairs"] = repeated
     return out
 
 
@@ -861,9 +1424,12 @@ def format_category_table(summary: dict) -> str:
 
 
 def _save(plt, fig, path: Path) -> Path:
+    """The figure written whole (temporary file and rename): a reader never sees half a plot."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -1011,9 +1577,28 @@ def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
             for m in drafted if any(drafted[m])}
 
 
+def summary_notes(summary: dict) -> list[str]:
+    """Lines under the printed table for what the numbers leave out: rows whose scoring failed (per method) and
+    repeated (question, method) pairs."""
+    notes = []
+    errors = {m: s["score_errors"] for m, s in summary["methods"].items() if s.get("score_errors")}
+    if errors:
+        notes.append(f"Scoring failed for {sum(errors.values())} row(s) ("
+                     + ", ".join(f"{m} {n}" for m, n in errors.items()) + "): no answer, left out of accuracy, "
+                     "recovery and McNemar; a resumed `loosespec bench` scores them again.")
+    if summary.get("repeated_pairs"):
+        notes.append(f"results.jsonl repeats {summary['repeated_pairs']} (question, method) pair row(s) (two runs "
+                     "appended to one folder?): each pair is counted once.")
+    return notes
+
+
 def report(out: Path, methods: Sequence[str] | None = None, config: dict | None = None,
            draw: bool = True, write: bool = True) -> tuple[dict, str]:
-    """(Re)build ``summary.json`` (unless not ``write``), the table and the plots from ``DIR/results.jsonl``."""
+    """(Re)build ``summary.json`` (unless not ``write``), the table and the plots from ``DIR/results.jsonl``.
+
+    Reading changes nothing (a torn last line is skipped, :meth:`ResultsFile.read`); ``summary.json`` and the
+    plots are replaced whole, and only when no other run holds the folder's lock (else a warning says who does and
+    they are left to that run)."""
     out = Path(out)
     if not (out / RESULTS).exists():
         raise LoosespecError(f"no {RESULTS} in {out}: run `loosespec bench --out {out}` first")
@@ -1021,15 +1606,16 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
     if not rows:
         raise LoosespecError(f"{out / RESULTS} holds no results yet")
     if config is None and (out / CONFIG).exists():
-        config = json.loads((out / CONFIG).read_text())
+        config = read_config(out)
     summary = summarize(rows, methods)
     if "ar" not in summary["methods"]:
         raise LoosespecError(f"{out} has no ar results: speedup and recovery are measured against ar")
     summary["config"] = config or {}
     summary["rows"] = len(rows)
-    if write:
-        (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     text = format_table(summary)
+    notes = summary_notes(summary)
+    if notes:
+        text += "\n\n" + "\n".join(notes)
     drafting = format_drafting_table(summary)
     if drafting:
         text += "\n\nWhat ran (share of rounds by draft level; FLy: rounds long enough to defer, deferrals):\n\n" + drafting
@@ -1038,8 +1624,16 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
     if summary.get("machines"):
         text += ("\n\nTimed on several machines; speedup pairs each row with ar's on the same prompt and machine. "
                  "By machine:\n\n" + format_machine_table(summary))
-    if draw:
-        plot(rows, summary, out)
+    if write or draw:
+        with _derived_writes(out) as holder:
+            if holder is not None:
+                warnings.warn(f"{out} is being written by another run ({holder}): summary.json and the plots are "
+                              f"left to it", stacklevel=2)
+            else:
+                if write:
+                    atomic_write_text(out / SUMMARY, json.dumps(summary, indent=1) + "\n")
+                if draw:
+                    plot(unique_rows(rows, warn=False)[0], summary, out)
     return summary, text
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -148,8 +149,11 @@ def test_report_errors(tmp_path):
 def test_torn_last_line_is_dropped_and_kept_aside(tmp_path):
     path = tmp_path / B.RESULTS
     path.write_text(json.dumps(HAND[0]) + "\n" + json.dumps(HAND[1]) + "\n" + json.dumps(HAND[2])[:40])
-    with pytest.warns(UserWarning, match="torn last line 3"):
-        rows = B.ResultsFile(path).read()
+    with pytest.warns(UserWarning, match="skipped a torn last line 3"):  # a reader changes nothing
+        assert [r["question_id"] for r in B.ResultsFile(path).read()] == ["q1", "q2"]
+    assert path.read_text().count("\n") == 2 and not path.read_text().endswith("\n")
+    with pytest.warns(UserWarning, match="dropped a torn last line 3"):  # the writer, under the folder's lock
+        rows = B.ResultsFile(path).repair()
     assert [r["question_id"] for r in rows] == ["q1", "q2"]
     assert path.read_text().count("\n") == 2 and path.read_text().endswith("\n")
     assert (tmp_path / (B.RESULTS + ".corrupt")).read_text().startswith(json.dumps(HAND[2])[:40])
@@ -253,6 +257,12 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     summary = json.loads((out / B.SUMMARY).read_text())
     assert summary["methods"]["exact-ngram"]["identical_to_ar"] == 1.0  # lossless, float32
     assert summary["config"]["dataset"] == "gsm8k"
+    rows = [json.loads(x) for x in (out / B.RESULTS).read_text().splitlines()]
+    assert all(r["score_status"] in ("right", "wrong") and r["score"] == (r["score_status"] == "right") for r in rows)
+    runs = json.loads((out / B.CONFIG).read_text())["runs"]  # the run's provenance
+    assert len(runs) == 1 and {r["run_id"] for r in rows} == {runs[0]["id"]}
+    assert runs[0]["argv"][1:3] == ["bench", "--dataset"] and runs[0]["models"]["target"]["kind"] == "local"
+    assert set(runs[0]["data_files"]) == {"gsm8k_test.jsonl"}
     rep = cli("report", out, "--spec-bench", tmp_path / "sb")
     assert rep.returncode == 0 and "| exact-ngram | 2 |" in rep.stdout, rep.stderr[-2000:]
     assert (out / "accepted_lengths.png").exists() and (tmp_path / "sb" / "ar.jsonl").exists()
@@ -268,6 +278,26 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     assert (out / B.RESULTS).read_bytes().startswith(before)
     bad = cli(*bench_args(tiny_dir, out, tokens=25))
     assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(json.loads((out / B.CONFIG).read_text())["runs"]) == 3  # each resume recorded, the refused one not
+
+
+def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
+    """With --allow-code-execution the run says, in config.json's run entry and in every row's score_detail,
+    which sandbox mode scored the code; --sandbox none is recorded as such."""
+    monkeypatch.delenv("LOOSESPEC_ALLOW_CODE_EXECUTION", raising=False)
+    monkeypatch.delenv("LOOSESPEC_SANDBOX", raising=False)
+    out = tmp_path / "he"
+    args = [a if a != "gsm8k" else "humaneval" for a in bench_args(tiny_dir, out, limit=1, tokens=8, methods="ar")]
+    from loosespec.eval.sandbox import resolve_mode
+
+    for flags, mode in ((["--allow-code-execution"], resolve_mode()), (["--allow-code-execution", "--sandbox", "none"],
+                                                                      "none")):
+        run = cli(*args, *flags)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert f"mode {mode}" in run.stderr
+        assert json.loads((out / B.CONFIG).read_text())["runs"][-1]["sandbox"] == mode
+    row = json.loads((out / B.RESULTS).read_text().splitlines()[0])
+    assert row["score_status"] == "wrong" and row["score_detail"]["sandbox"] == resolve_mode(), row["score_detail"]
 
 
 def test_methods_needing_the_draft_can_join_a_run_that_did_not_load_it(tiny_dir, tmp_path):
@@ -298,6 +328,36 @@ def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     got = pairs(out)
     assert len(got) == 30 and len(set(got)) == 30
+
+
+def test_a_second_bench_on_a_folder_being_written_fails_at_once(tiny_dir, tmp_path):
+    """Two `bench --out D` at once: the second stops with one line naming D and the first's pid, and appends
+    nothing (before issue 43 both appended the same pairs and the summary counted them twice)."""
+    out = tmp_path / "busy"
+    cmd = CLI + bench_args(tiny_dir, out, limit=6, tokens=64)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    try:
+        deadline = time.time() + 300
+        results = out / B.RESULTS
+        while time.time() < deadline and proc.poll() is None:
+            if results.exists() and results.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the first run finished before the second could start"
+        t = time.monotonic()
+        second = cli(*cmd[len(CLI):])
+        assert second.returncode == 2 and time.monotonic() - t < 60, second.stderr[-2000:]
+        errors = [line for line in second.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and str(out) in errors[0] and f"pid {proc.pid}" in errors[0], second.stderr[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with warnings.catch_warnings():  # the killed run may have left a torn last line
+        warnings.simplefilter("ignore")
+        got = [(r["question_id"], r["method"]) for r in B.ResultsFile(out / B.RESULTS).read()]
+    assert got and len(got) == len(set(got))
+    assert len(json.loads((out / B.CONFIG).read_text())["runs"]) == 1  # the refused run recorded nothing
 
 
 def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):

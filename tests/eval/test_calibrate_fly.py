@@ -137,6 +137,52 @@ def test_calibrate_fly_end_to_end_on_the_tiny_pair(tiny_engine, tmp_path):
     assert runs.read_text().count("\n") == lines  # resumed: every record was there
 
 
+def test_summarize_run_leaves_failed_scorings_out_of_retention():
+    """A record whose scoring failed (the sandbox did not start) is no answer, not a lost one; legacy records
+    (no score_status) read from score."""
+    def rec(status, score=None):
+        r = {"token_ids": [1], "wall_s": 1.0, "stats": {}, "score": score}
+        if status is not None:
+            r["score_status"] = status
+        return r
+
+    base = {"a": rec("right", True), "b": rec("right", True), "c": rec(None, False)}
+    runs = {"a": rec("error"), "b": rec("right", True), "c": rec("wrong", False)}
+    s = summarize_run(runs, base)
+    assert s["lost"] == 0 and s["retention"] == 1.0 and s["accuracy"] == 0.5
+    assert s["problems"] == 3 and s["scored"] == 2 and s["score_errors"] == 1
+
+
+def test_a_failed_scoring_is_scored_again_on_resume_without_generating(tiny_engine, tmp_path):
+    from loosespec.eval.datasets import ScoringError
+
+    problems = [Problem(f"t/{i}", "t", p, None) for i, p in enumerate(["def add(a, b):\n    return a + b\n\ndef sub(a",
+                                                                       "one two three one two three one two"])]
+    encode = lambda p: tiny_engine.tokenizer(p.prompt, return_tensors="pt").input_ids[0]  # noqa: E731
+
+    def broken(p, text):
+        if p.id == "t/1":
+            raise ScoringError("sandbox could not start", {"sandbox": "none"})
+        return True
+
+    settings = grid([0.5], [2], [6], [0])
+    runs = tmp_path / "fly.runs.jsonl"
+    report = calibrate_fly(tiny_engine, problems, settings, max_new_tokens=16, encode=encode, scorer=broken,
+                           confirm=1, runs_file=runs, progress=False)
+    assert report["confirmed"][EXACT]["scored"] == 1 and report["confirmed"][EXACT]["score_errors"] == 1
+    first = [json.loads(x) for x in runs.read_text().splitlines()]
+    failed = [r for r in first if r["problem"] == "t/1"]
+    assert failed and all(r["score"] is None and r["score_status"] == "error" for r in failed)
+    assert failed[0]["score_detail"] == {"error": "sandbox could not start", "sandbox": "none"}
+    report = calibrate_fly(tiny_engine, problems, settings, max_new_tokens=16, encode=encode,
+                           scorer=lambda p, text: True, confirm=1, runs_file=runs, progress=False)
+    added = [json.loads(x) for x in runs.read_text().splitlines()][len(first):]
+    assert len(added) == len(failed)  # one new verdict per failed record, no new run
+    for old, new in zip(failed, added):
+        assert new["score_status"] == "right" and new["wall_s"] == old["wall_s"] and new["text"] == old["text"]
+    assert report["confirmed"][EXACT]["scored"] == 2 and report["confirmed"][EXACT]["score_errors"] == 0
+
+
 def test_calibrated_preset_is_what_the_committed_calibration_chose():
     """config.FLY_PRESETS["calibrated"] equals the choice in results/calibration/fly.json (make calibrate-fly)."""
     path = ROOT / "results/calibration/fly.json"
