@@ -707,6 +707,17 @@ def serve(
                                           "on /v1/* (/health and /metrics stay open). Also read from $LOOSESPEC_API_KEY."),
     max_queue: int = typer.Option(64, help="Requests allowed to wait behind the running one; more get 429."),
     max_tokens_default: int = typer.Option(256, help="max_tokens when a request sends none (capped by the context)."),
+    allow_origin: Optional[List[str]] = typer.Option(
+        None, "--allow-origin", metavar="ORIGIN", help="Origins (http://localhost:3000) or host names (gpu-box.lan) also accepted, "
+        "repeatable or comma-separated; '*' accepts any. By default (a guard against DNS rebinding) requests must be "
+        "addressed (Host) to localhost, 127.0.0.1, ::1 or --host with this port, and a browser's Origin must be the "
+        "server's own: a web page cannot drive a server on loopback. The Host is not checked on 0.0.0.0 / ::. A "
+        "listed origin also gets CORS headers."),
+    stall_timeout: float = typer.Option(300.0, help="Seconds a generation may go without progress (a new token) "
+                                        "before GET /health answers 503 'stalled'; 0 never does."),
+    shutdown_timeout: float = typer.Option(20.0, help="On shutdown (SIGTERM, Ctrl-C), seconds the running and "
+                                           "waiting requests get to finish; then they are answered 503 and the "
+                                           "process exits."),
     served_model_name: Optional[str] = typer.Option(None, help="Model name clients send and /v1/models lists "
                                                     "(default: --target); the target spec is accepted too."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug"),
@@ -725,6 +736,9 @@ def serve(
     sg_* parameters (same names as here, e.g. openai's extra_body={"method": "fly"}). Methods ar,
     exact and rejection are lossless. fly and specguard are LOSSY: their output differs from the
     target's own, and their responses say "lossy": true in metrics.
+
+    Requests must be addressed to this server (Host: localhost, 127.0.0.1, ::1 or --host) and web
+    pages may call it only from origins named by --allow-origin: a guard against DNS rebinding.
     """
     try:
         from loosespec.serve.app import ServerSettings
@@ -742,10 +756,28 @@ def serve(
         raise LoosespecError(f"--port must be in 1..65535, got {port}")
     if api_key is not None and not api_key.strip():
         raise LoosespecError("--api-key must not be empty")
+    import math
+
+    from loosespec.serve.app import parse_allow_origins
+
+    try:
+        allow_origins = parse_allow_origins(allow_origin)
+    except ValueError as e:
+        raise LoosespecError(str(e)) from None
+    if not (stall_timeout >= 0 and math.isfinite(stall_timeout)):
+        raise LoosespecError(f"--stall-timeout must be >= 0 seconds (0: never stalled), got {stall_timeout}")
+    if not (shutdown_timeout >= 0 and math.isfinite(shutdown_timeout)):
+        raise LoosespecError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
+    if engine_name == "vllm" and allow_origins:
+        raise LoosespecError("--allow-origin is not passed to vLLM (vllm serve checks no Host header): use "
+                             "--engine transformers, or vllm's own --allowed-origins")
     draft_spec = resolve_draft(draft, target)
     defaults = knob_values(knobs)
     method = defaults["method"]
     if engine_name == "vllm":
+        if revision or draft_revision:
+            raise LoosespecError("--revision/--draft-revision are not passed to vLLM: serve a local copy of the "
+                                 "revision, or use --engine transformers")
         return _serve_vllm(target, draft_spec, method, defaults.get("drafter"), defaults.get("num_draft_tokens"),
                            dtype, {n: defaults.get(n) for n in VLLM_KNOBS}, host, port, api_key,
                            served_model_name or target, vllm_bin)
@@ -757,10 +789,13 @@ def serve(
         raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
                              "pass --draft")
     engine = Engine.load(target, draft_spec, dtype=dtype, device=device, quantize=quantize,
-                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard")
+                         draft_quantize=draft_quantize, torch_draft=cfg.method == "specguard", revision=revision,
+                         draft_revision=draft_revision)
     name = served_model_name or target
     settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
-                              max_queue=max_queue, max_tokens_default=max_tokens_default)
+                              max_queue=max_queue, max_tokens_default=max_tokens_default, host=host,
+                              allow_origins=allow_origins, stall_timeout_s=stall_timeout,
+                              shutdown_timeout_s=shutdown_timeout)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
     print(f"loosespec: serving {name} (draft: {draft_spec or 'none'}; default method {label}"
           f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"

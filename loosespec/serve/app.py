@@ -5,11 +5,14 @@ request and response shapes, ``stream: true`` as server-sent events ending with 
 ``GET /health`` and ``GET /metrics`` (Prometheus text).
 
 How it runs: the engine is not thread-safe, so one worker thread runs one generation at a time,
-in arrival order. Requests are validated and tokenized on arrival (a bad request is answered
-400 without waiting), then wait in a FIFO queue; ``max_queue`` bounds the number waiting behind
-the running one (more -> 429). The worker hands each round's text to the event loop; a client
-that disconnects sets its job's cancel flag and the worker stops that generation after the
-current round, freeing the model for the next request.
+in arrival order. Requests are validated, admitted and tokenized on arrival (a bad request is
+answered 400 without waiting; admission comes before tokenizing, so a full queue answers 429
+without tokenizing anything), then wait in a FIFO queue; ``max_queue`` bounds the number waiting
+behind the running one (more -> 429). The worker hands each round's text to the event loop; a
+client that disconnects sets its job's cancel flag and the worker stops that generation after the
+current round, freeing the model for the next request. ``/health`` reports the worker's last
+progress and answers 503 when a generation stalls (``stall_timeout_s``); shutdown gives the
+running and waiting requests ``shutdown_timeout_s``, then answers them 503 (:func:`make_server`).
 
 Choices (see README "Server"):
 
@@ -19,21 +22,27 @@ Choices (see README "Server"):
 - ``model`` may be omitted; when given it must be the served name or the target spec, else 404
   ``model_not_found``.
 - ``--api-key`` guards ``/v1/*``; ``/health`` and ``/metrics`` stay open (as in vLLM).
+- every request's ``Host`` (on a non-wildcard bind) and ``Origin`` are checked (:class:`_Access`, a guard against
+  DNS rebinding); ``--allow-origin`` adds origins and host names, ``*`` any. The API key does not relax this: it
+  guards ``/v1/*`` only, and a browser page allowed by origin needs CORS anyway.
+- a temperature below ``SAMPLING_EPS`` (1e-5) is greedy, as in vLLM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
+import queue
 import secrets
 import threading
 import time
 import typing
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
@@ -55,8 +64,14 @@ from loosespec.decode.text import encode_prompt
 log = logging.getLogger("loosespec.serve.app")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this gets 413
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 16  # stop strings per request (OpenAI allows 4, vLLM any number)
+MAX_STOP_CHARS = 256  # characters per stop string (each round matches every stop string against the text's tail)
 DISCONNECT_CHECK_S = 0.5  # how often a waiting handler looks for a disconnected client
+# a temperature (> 0) below this samples as greedy, as vLLM's _SAMPLING_EPS: dividing the logits by a temperature
+# near 1e-38 overflows float32 (inf - inf = NaN in the softmax), and below 1e-5 sampling is greedy in all but name
+SAMPLING_EPS = 1e-5
+STALL_TIMEOUT_S = 300.0  # /health answers 503 when a generation made no progress for this long (0: never)
+SHUTDOWN_TIMEOUT_S = 20.0  # on shutdown, requests still running or waiting after this long get 503
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,6 +90,10 @@ class ServerSettings:
     max_queue: int = 64
     max_tokens_default: int = 256
     max_body_bytes: int = MAX_BODY_BYTES
+    host: str = "127.0.0.1"  # the address bound (--host): requests must be addressed to it (Host header)
+    allow_origins: tuple[str, ...] = ()  # --allow-origin: more origins / host names accepted; "*": any
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
 
 
 class ApiError(Exception):
@@ -92,7 +111,8 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-_STATUS_TYPES = {401: ("authentication_error", "invalid_api_key"), 404: ("invalid_request_error", "not_found"),
+_STATUS_TYPES = {401: ("authentication_error", "invalid_api_key"), 403: ("invalid_request_error", "forbidden"),
+                 404: ("invalid_request_error", "not_found"),
                  405: ("invalid_request_error", "method_not_allowed"),
                  413: ("invalid_request_error", "request_too_large"), 429: ("rate_limit_exceeded", "rate_limit_exceeded")}
 
@@ -304,74 +324,203 @@ class Job:
     checked: float = field(default_factory=time.perf_counter)  # last look for a disconnected client
     done: bool = False  # the worker has sent its last event (or never will)
 
+    aborted: bool = False  # answered by the server (shutdown), not by the worker: its later events are dropped
+
     def emit(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the event loop (called from the worker thread)."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+            self.loop.call_soon_threadsafe(self._put, kind, payload)
         except RuntimeError:  # the loop is closed: the server is shutting down
             pass
 
+    def _put(self, kind: str, payload: Any) -> None:
+        if not self.aborted:
+            self.events.put_nowait((kind, payload))
+
+    def abort(self, error: "ApiError") -> None:
+        """Answer the request with ``error`` now and stop its generation (called on the event loop)."""
+        if not self.aborted and not self.done:
+            self.events.put_nowait(("error", error))
+        self.aborted = True
+        self.cancel.set()
+
+
+class _WorkerThread:
+    """One daemon thread running the generations, one after another.
+
+    Not a ThreadPoolExecutor: its threads are joined when the interpreter exits, so a generation that never
+    returns would keep the process alive after shutdown's deadline; a daemon thread does not."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="loosespec-worker", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            fn, loop, future = item
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                outcome = (future.set_exception, e)
+            else:
+                outcome = (future.set_result, result)
+            try:
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    def run(self, fn) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._calls.put((fn, loop, future))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+
+def _settle(future: asyncio.Future, setter, value) -> None:
+    if not future.done():
+        setter(value)
+
 
 class Worker:
-    """One thread, one generation at a time, FIFO."""
+    """One thread, one generation at a time, FIFO.
 
-    def __init__(self, engine, metrics: Metrics, max_queue: int):
+    Admission (:meth:`reserve`) comes before tokenization, so a flood of requests is refused (429) before it costs
+    any tokenizing. ``last_progress`` (``time.monotonic()``) is when the worker last did something: a round's tokens,
+    a generation starting or ending (idle since then); ``/health`` reports it and answers 503 when a generation has
+    made no progress for ``stall_timeout_s``. :meth:`begin_shutdown` stops admission and gives the running and
+    waiting requests a deadline, after which they are answered 503."""
+
+    def __init__(self, engine, metrics: Metrics, max_queue: int, stall_timeout_s: float = STALL_TIMEOUT_S):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self.stall_timeout_s = stall_timeout_s
         self.queue: Optional[asyncio.Queue] = None
-        self.executor: Optional[ThreadPoolExecutor] = None
+        self.thread: Optional[_WorkerThread] = None
         self.task: Optional[asyncio.Task] = None
         self.current: Optional[Job] = None
+        self.reserved = 0  # admitted requests being tokenized (each holds a place in the queue)
+        self.last_progress = time.monotonic()
+        self.closing = False  # shutting down: no new requests
+        self._deadline: Optional[asyncio.TimerHandle] = None
 
     async def start(self) -> None:
         self.queue = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loosespec-worker")
+        self.thread = _WorkerThread()
         self.task = asyncio.create_task(self._dispatch())
+        self.last_progress = time.monotonic()
 
     async def stop(self) -> None:
-        if self.current is not None:
-            self.current.cancel.set()
-        while self.queue is not None and not self.queue.empty():
-            self.queue.get_nowait().cancel.set()
+        self.abort_all("the server stopped")
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self.task is not None:
             self.task.cancel()
             try:
                 await self.task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.thread is not None:
+            self.thread.stop()
+
+    def begin_shutdown(self, timeout_s: float) -> None:
+        """Refuse new requests (503); the running and waiting ones may finish within ``timeout_s`` seconds, then
+        they are answered 503 and the running generation stops (called on the event loop)."""
+        if self.closing:
+            return
+        self.closing = True
+        busy = self.current is not None or self.waiting() > 0
+        if busy:
+            log.warning("shutting down: %d request(s) running or waiting get %g s to finish (--shutdown-timeout)",
+                        self.waiting() + (self.current is not None), timeout_s)
+        self._deadline = asyncio.get_running_loop().call_later(
+            max(0.0, timeout_s), self.abort_all, f"the server is shutting down and its --shutdown-timeout "
+            f"({timeout_s:g} s) passed before this request finished; retry")
+
+    def abort_all(self, reason: str) -> None:
+        """Answer every waiting and running request with 503 ``reason`` (called on the event loop)."""
+        error = ApiError(503, reason, "server_error", None, "server_shutting_down")
+        queued = []
+        while self.queue is not None and not self.queue.empty():
+            queued.append(self.queue.get_nowait())
+        for job in queued + ([self.current] if self.current is not None else []):
+            if not job.done and not job.cancel.is_set():
+                self.metrics.failed.inc()
+            job.abort(error)
+        for job in queued:  # _dispatch drops them (cancelled)
+            self.queue.put_nowait(job)
 
     def waiting(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
+    def _refuse_if_full(self) -> None:
+        if self.closing:
+            raise ApiError(503, "the server is shutting down; retry", "server_error", None, "server_shutting_down")
+        if self.waiting() + self.reserved >= self.max_queue:
+            raise ApiError(429, f"server busy: {self.waiting() + self.reserved} requests already waiting "
+                           f"(--max-queue {self.max_queue}); retry later", "rate_limit_exceeded", None,
+                           "rate_limit_exceeded")
+
+    def reserve(self) -> None:
+        """Admit a request: a place in the queue, held while it is tokenized (429 when none is left)."""
+        self._refuse_if_full()
+        self.reserved += 1
+
+    def release(self) -> None:
+        self.reserved -= 1
+
     def submit(self, job: Job) -> None:
-        if self.waiting() >= self.max_queue:
-            raise ApiError(429, f"server busy: {self.waiting()} requests already waiting (--max-queue "
-                           f"{self.max_queue}); retry later", "rate_limit_exceeded", None, "rate_limit_exceeded")
+        self._refuse_if_full()
         self.queue.put_nowait(job)
         self.metrics.waiting.set(self.waiting())
 
+    def health(self) -> tuple[int, dict]:
+        """(status code, body) for ``GET /health``."""
+        quiet = time.monotonic() - self.last_progress
+        running = self.current is not None
+        if self.task is None or self.task.done():
+            status = "down"  # the dispatcher died (a bug): nothing will run
+        elif self.closing:
+            status = "shutting_down"
+        elif running and self.stall_timeout_s > 0 and quiet > self.stall_timeout_s:
+            status = "stalled"
+        else:
+            status = "ok"
+        body = {"status": status, "queue_waiting": self.waiting(), "running": running,
+                "last_progress_s": round(quiet, 3), "stall_timeout_s": self.stall_timeout_s}
+        return (200 if status == "ok" else 503), body
+
+    def progress(self) -> None:
+        self.last_progress = time.monotonic()
+
     async def _dispatch(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             job = await self.queue.get()
             self.metrics.waiting.set(self.waiting())
-            if job.cancel.is_set():  # the client left while waiting
+            if job.cancel.is_set():  # the client left while waiting, or the server answered it (shutdown)
+                if not job.aborted:
+                    self.metrics.cancelled.inc()
                 job.done = True
-                self.metrics.cancelled.inc()
                 continue
             self.current = job
+            self.progress()
             self.metrics.running.set(1)
             try:
-                await loop.run_in_executor(self.executor, self._run, job)
+                await self.thread.run(functools.partial(self._run, job))
             except asyncio.CancelledError:
                 raise
             except Exception:  # _run catches everything; this is a last line of defence
                 log.exception("worker failed")
             finally:
                 self.current = None
+                self.progress()
                 self.metrics.running.set(0)
 
     def _run(self, job: Job) -> None:
@@ -390,6 +539,7 @@ class Worker:
                         if first:
                             m.ttft.observe(time.perf_counter() - job.arrived)
                             first = False
+                        self.progress()
                         if job.cancel.is_set():
                             break
                         if job.stream:
@@ -398,7 +548,8 @@ class Worker:
                     it.close()  # runs the generation's own finally (stats)
             m.record(job, gen.stats)
             if job.cancel.is_set():
-                m.cancelled.inc()
+                if not job.aborted:  # an aborted job (shutdown) was answered and counted as failed already
+                    m.cancelled.inc()
                 job.emit("cancelled")
                 return
             result = gen.result()
@@ -473,6 +624,16 @@ class Frontend:
         if typos:
             raise ApiError(400, f"unknown parameter '{typos[0]}'; loosespec's parameters are: "
                            f"{', '.join(_SPEC_FIELDS)}", param=typos[0], code="unknown_parameter")
+        if req.stop is not None:
+            stop = [req.stop] if isinstance(req.stop, str) else req.stop
+            if len(stop) > MAX_STOP_STRINGS:
+                raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", param="stop")
+            for s in stop:
+                if not s:
+                    raise ApiError(400, "stop strings must be non-empty", param="stop")
+                if len(s) > MAX_STOP_CHARS:
+                    raise ApiError(400, f"a stop string may have at most {MAX_STOP_CHARS} characters, got one of "
+                                   f"{len(s)}", param="stop")
         if req.fly_entropy_top_k is not None and req.fly_entropy_top_k > self.vocab_size:
             raise ApiError(400, f"fly_entropy_top_k must be <= the vocabulary size {self.vocab_size}",
                            param="fly_entropy_top_k")
@@ -498,11 +659,15 @@ class Frontend:
             kw["drafter"] = None
         if kw.get("top_k") == -1:  # vLLM's "disabled"
             kw["top_k"] = 0
-        if req.stop is not None:
-            stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-            if len(stop) > MAX_STOP_STRINGS:
-                raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
-            kw["stop"] = stop
+        if req.stop is not None:  # count and length checked by check_common
+            kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        temperature = kw.get("temperature")
+        if temperature is not None and temperature < SAMPLING_EPS:  # 1e-40 is greedy (as in vLLM), not a NaN
+            kw["temperature"] = 0.0
+        sg_temperature = kw.get("sg_temperature")
+        if sg_temperature is not None and sg_temperature < SAMPLING_EPS:
+            raise ApiError(400, f"sg_temperature must be >= {SAMPLING_EPS:g} (the first SpecGuard candidate is "
+                           f"already the greedy one), got {sg_temperature!r}", param="sg_temperature")
         has_draft = self.engine.draft is not None
         try:
             cfg = DecodeConfig.create(method, kw.pop("drafter", None), kw.pop("num_draft_tokens", None),
@@ -558,7 +723,8 @@ class Frontend:
         return messages
 
     async def prepare(self, req: CommonFields, chat: bool) -> tuple[torch.Tensor, DecodeConfig]:
-        self.check_common(req)
+        """Tokenize (in a thread) and build the request's config; run after :meth:`check_common` and the
+        worker's admission (:meth:`Worker.reserve`), so that a refused request costs no tokenizing."""
         from starlette.concurrency import run_in_threadpool
 
         if chat:
@@ -669,14 +835,127 @@ async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def _host_port(value: str) -> Optional[tuple[str, Optional[int]]]:
+    """``name[:port]`` (a Host header, an origin's authority) as (lower-case name, port or None); None if malformed
+    (``evil:80@127.0.0.1`` is malformed here: no user part)."""
+    try:
+        parts = urllib.parse.urlsplit("//" + value.strip())
+        name, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not name or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        return None
+    return name.rstrip("."), port
+
+
+def _origin(value: str) -> Optional[tuple[str, str, Optional[int]]]:
+    """``scheme://name[:port]`` as (scheme, name, port: the scheme's default when none is written); None if
+    malformed (a path, ``null``)."""
+    scheme, sep, rest = value.strip().partition("://")
+    if not sep or not scheme or not all(c.isalnum() or c in "+.-" for c in scheme):
+        return None
+    authority = _host_port(rest)
+    if authority is None:
+        return None
+    scheme = scheme.lower()
+    return scheme, authority[0], authority[1] if authority[1] is not None else _DEFAULT_PORTS.get(scheme)
+
+
+def parse_allow_origins(values) -> tuple[str, ...]:
+    """``--allow-origin`` values (each may list several, comma-separated): ``*``, origins
+    (``http://localhost:3000``) or host names (``gpu-box.lan``, ``gpu-box.lan:8000``). Raises ValueError naming a
+    value that is neither."""
+    out: list[str] = []
+    for value in values or ():
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item != "*":
+                shown = item[:-1] if item.endswith("/") and "://" in item else item
+                if ("://" in item and _origin(shown) is None) or ("://" not in item and _host_port(item) is None):
+                    raise ValueError(f"--allow-origin {item!r} is neither an origin (scheme://host[:port], no path), "
+                                     "a host name (host[:port]) nor '*'")
+                item = shown
+            out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+class _Access:
+    """Which requests the server answers, by their ``Host`` and ``Origin`` headers: a guard against DNS rebinding
+    (a web page whose name an attacker resolves to 127.0.0.1 would otherwise drive a server on loopback).
+
+    ``Host`` must name the bound address, a loopback name (localhost, 127.0.0.1, ::1) or the address the connection
+    arrived at, with the server's port when a port is written, or a host of ``--allow-origin``; not checked on a
+    wildcard bind (0.0.0.0, ::: the server is open to the network and reachable by names it cannot know; use
+    --api-key). ``Origin``, when sent (browsers do), must be listed by ``--allow-origin`` (an origin, or a host name:
+    any scheme and port) or be the request's own origin (the Host's: FastAPI's /docs page). ``*`` allows any."""
+
+    def __init__(self, bind_host: str, allow: tuple[str, ...]):
+        self.any = "*" in allow
+        bind = bind_host.strip().strip("[]").lower().rstrip(".")
+        self.wildcard = bind in ("", "0.0.0.0", "::")
+        self.names = set(_LOOPBACK_NAMES) | (set() if self.wildcard else {bind})
+        self.origins: set[tuple] = set()  # (scheme, name, port)
+        self.hosts: set[tuple[str, Optional[int]]] = set()  # for Host: (name, port or None: any)
+        self.origin_hosts: set[tuple[str, Optional[int]]] = set()  # for Origin, any scheme: the host names listed
+        for item in allow:
+            if item == "*":
+                continue
+            if "://" in item:
+                origin = _origin(item)
+                self.origins.add(origin)
+                self.hosts.add((origin[1], None))  # a proxy in front may forward the origin's name
+            else:
+                self.hosts.add(_host_port(item))
+                self.origin_hosts.add(_host_port(item))
+
+    @staticmethod
+    def _listed(entries, name: str, port: Optional[int]) -> bool:
+        return any(name == n and (p is None or p == port) for n, p in entries)
+
+    def check(self, host: Optional[str], origin: Optional[str], server, scheme: str = "http") -> Optional[ApiError]:
+        if self.any:
+            return None
+        local_name, local_port = (server[0], server[1]) if server else (None, None)
+        if host is not None and not self.wildcard:
+            authority = _host_port(host)
+            names = self.names | ({str(local_name).lower()} if local_name else set())
+            ok = authority is not None and (
+                (authority[0] in names and authority[1] in (None, local_port)) or self._listed(self.hosts, *authority))
+            if not ok:
+                return ApiError(403, f"Host {host!r} is not allowed: this server answers requests addressed to "
+                                f"{', '.join(sorted(names))} (port {local_port}), a guard against DNS rebinding; "
+                                "to accept this name, start it with --allow-origin NAME", "invalid_request_error",
+                                None, "host_not_allowed")
+        if origin is not None:
+            o = _origin(origin)
+            same = None
+            if o is not None and host is not None and (authority := _host_port(host)) is not None:
+                same = (o[0] == scheme and authority[0] == o[1]
+                        and (authority[1] or _DEFAULT_PORTS.get(scheme)) == o[2])
+            if o is None or not (o in self.origins or self._listed(self.origin_hosts, o[1], o[2]) or same):
+                return ApiError(403, f"Origin {origin!r} is not allowed: web pages may call this server only from "
+                                "origins named by --allow-origin (a guard against DNS rebinding and cross-site "
+                                "requests)", "invalid_request_error", None, "origin_not_allowed")
+        return None
+
+
 class _Gate:
-    """Pure ASGI middleware: body size limit, bearer-token auth on /v1/*, request counting."""
+    """Pure ASGI middleware: Host / Origin check (:class:`_Access`), body size limit, bearer-token auth on /v1/*,
+    request counting."""
 
     def __init__(self, app, settings: ServerSettings, metrics: Metrics):
         self.app = app
         self.settings = settings
         self.metrics = metrics
         self.key = settings.api_key.encode() if settings.api_key else None
+        self.access = _Access(settings.host, settings.allow_origins)
+        self.cors = bool(settings.allow_origins)  # a CORS middleware inside answers allowed origins' preflights
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -703,7 +982,19 @@ class _Gate:
                 self.metrics.requests.labels(endpoint, str(status_box[0])).inc()
 
     def _check(self, scope, path: str) -> Optional[ApiError]:
-        headers = dict(scope.get("headers") or [])
+        headers: dict = {}
+        for name, value in scope.get("headers") or []:
+            if name in headers and name in (b"host", b"origin") and headers[name] != value:
+                return ApiError(400, f"more than one {name.decode()} header")
+            headers[name] = value
+        host, origin = headers.get(b"host"), headers.get(b"origin")
+        error = self.access.check(host.decode("latin-1") if host is not None else None,
+                                  origin.decode("latin-1") if origin is not None else None, scope.get("server"),
+                                  scope.get("scheme", "http"))
+        if error is not None:
+            return error
+        if self.cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
+            return None  # a CORS preflight from an allowed origin: it carries no credentials
         if self.key is not None and path.startswith("/v1"):
             auth = headers.get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
@@ -761,7 +1052,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
 def create_app(engine, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``engine``; its worker starts and stops with the app's lifespan."""
     metrics = Metrics()
-    worker = Worker(engine, metrics, settings.max_queue)
+    worker = Worker(engine, metrics, settings.max_queue, settings.stall_timeout_s)
     front = Frontend(engine, settings)
 
     @asynccontextmanager
@@ -774,7 +1065,12 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="loosespec", version=__version__, lifespan=lifespan,
                   summary="OpenAI-compatible server for loose speculative decoding (FLy, SpecGuard: LOSSY)")
-    app.state.worker, app.state.metrics, app.state.frontend = worker, metrics, front
+    app.state.worker, app.state.metrics, app.state.frontend, app.state.settings = worker, metrics, front, settings
+    if settings.allow_origins:  # inside the gate, which has refused every origin not allowed
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["X-Loosespec-Method", "X-Loosespec-Lossy"], max_age=600)
     app.add_middleware(_Gate, settings=settings, metrics=metrics)
 
     @app.exception_handler(ApiError)
@@ -802,8 +1098,8 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": settings.served_model_name, "queue_waiting": worker.waiting(),
-                "running": worker.current is not None}
+        status, body = worker.health()
+        return JSONResponse({"model": settings.served_model_name, **body}, status_code=status)
 
     @app.get("/metrics")
     async def prometheus():
@@ -818,9 +1114,14 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
                                             "draft": engine.draft.name if engine.draft is not None else None}]}
 
     async def run(req: CommonFields, request: Request, chat: bool, endpoint: str):
-        ids, cfg = await front.prepare(req, chat)
+        front.check_common(req)  # cheap checks, then admission (429), then tokenizing: a flood costs no tokenizing
+        worker.reserve()
+        try:
+            ids, cfg = await front.prepare(req, chat)
+        finally:
+            worker.release()
         job = Job(ids, cfg, endpoint, asyncio.get_running_loop(), stream=bool(req.stream))
-        worker.submit(job)
+        worker.submit(job)  # takes the place reserved above (no await in between)
         shape = _Shape(chat, settings.served_model_name)
         headers = {"X-Loosespec-Method": cfg.method, "X-Loosespec-Lossy": str(cfg.lossy).lower()}
         if req.stream:
@@ -876,9 +1177,30 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
     return app
 
 
+def make_server(app: FastAPI, **config):
+    """A uvicorn server for ``app`` (made by :func:`create_app`) with loosespec's shutdown: when it begins (a signal,
+    ``should_exit``), new requests get 503 and the running and waiting ones get ``settings.shutdown_timeout_s`` to
+    finish; then they are answered 503 (streams get an error event) and the process exits, even with a generation
+    that never returns (the worker is a daemon thread). ``config``: uvicorn.Config's arguments."""
+    import uvicorn
+
+    settings: ServerSettings = app.state.settings
+    worker: Worker = app.state.worker
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            worker.begin_shutdown(settings.shutdown_timeout_s)
+            await super().shutdown(sockets)
+
+    # uvicorn's own deadline, a little later, for a connection our deadline does not end (a client not reading)
+    config.setdefault("timeout_graceful_shutdown", max(1, round(settings.shutdown_timeout_s + 5)))
+    return _Server(uvicorn.Config(app, **config))
+
+
 def serve(engine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info") -> None:
     """Run the server until interrupted."""
-    import uvicorn
+    import dataclasses
 
-    uvicorn.run(create_app(engine, settings), host=host, port=port, log_level=log_level, access_log=False)
+    settings = dataclasses.replace(settings, host=host)  # the Host check compares with the address bound
+    make_server(create_app(engine, settings), host=host, port=port, log_level=log_level, access_log=False).run()

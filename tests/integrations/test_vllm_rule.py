@@ -289,9 +289,86 @@ def test_plugin_replaces_verification_and_counts(fake_vllm, monkeypatch, tmp_pat
     files = list(tmp_path.glob("fly-*.json"))
     assert len(files) == 1
     import json
+    import time
 
+    # the second step came inside the write interval: the trailing write brings the file up to date
+    deadline = time.monotonic() + 10
+    while json.loads(files[0].read_text())["steps"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     counts = json.loads(files[0].read_text())
-    assert counts["steps"] >= 1 and counts["fly_deferred"] >= 1 and counts["drafted_tokens"] >= 14
+    assert counts["steps"] == 2 and counts["fly_deferred"] >= 1 and counts["drafted_tokens"] >= 14
+
+
+def test_stats_file_is_rewritten_at_most_every_interval(monkeypatch, tmp_path):
+    """The writer's throttle, on a fake clock: one write per interval however many steps, a trailing write for the
+    steps inside it (scheduled once), and the file never more than an interval behind."""
+    import json
+
+    from loosespec.integrations.vllm import plugin
+
+    clock = [100.0]
+    timers = []
+    monkeypatch.setattr(plugin, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(plugin, "_start_timer", lambda delay, fn: timers.append((delay, fn)), raising=False)
+    path = tmp_path / "fly.json"
+    counters = plugin.FlyCounters(str(path))
+    out, num = torch.tensor([[4, 5, -1]]), torch.tensor([2])
+
+    def steps_on_disk():
+        return json.loads(path.read_text())["steps"]
+
+    counters.add(out, num, {"fly_deferred": 1})
+    assert steps_on_disk() == 1  # the first step is written at once
+    for _ in range(5):  # inside the interval: not rewritten
+        clock[0] += 0.05
+        counters.add(out, num, {"fly_deferred": 1})
+    assert steps_on_disk() == 1
+    assert len(timers) == 1 and timers[0][0] == pytest.approx(0.45)  # one trailing write, at the interval's end
+    clock[0] += 0.25
+    timers.pop()[1]()
+    assert steps_on_disk() == 6 and json.loads(path.read_text())["fly_deferred"] == 6
+    clock[0] += 0.6  # past the interval: the next step writes at once
+    counters.add(out, num, {})
+    assert steps_on_disk() == 7 and not timers
+
+
+def _unwritable_dir(tmp_path):
+    """A directory this process cannot write: read-only, or (as root, who writes anyway) a regular file."""
+    import os
+
+    d = tmp_path / "read-only"
+    d.mkdir()
+    d.chmod(0o500)
+    if os.access(d, os.W_OK):
+        d = tmp_path / "a-file"
+        d.write_text("")
+    return d
+
+
+def test_a_stats_file_that_cannot_be_written_never_stops_generation(fake_vllm, monkeypatch, tmp_path, caplog):
+    """A failed write inside vLLM's sampler used to raise there and kill the engine: now it is logged once and the
+    steps go on."""
+    import logging
+
+    from loosespec.integrations.vllm import plugin
+
+    clock = [100.0]
+    monkeypatch.setattr(plugin, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(plugin, "_start_timer", lambda delay, fn: None, raising=False)
+    path = _unwritable_dir(tmp_path) / "fly.json"
+    monkeypatch.setenv("LOOSESPEC_REJECTION_SAMPLE_METHOD", "fly")
+    monkeypatch.setenv("LOOSESPEC_FLY_STATS_FILE", str(path))
+    plugin.register()
+    draft_ids, num, cu, target, bonus = batch(make_requests())
+    md = types.SimpleNamespace(all_greedy=True, all_random=False, temperature=torch.tensor([0.0] * 4), generators={})
+    with caplog.at_level(logging.WARNING, logger="loosespec.integrations.vllm"):
+        for _ in range(3):
+            clock[0] += 1.0  # each step past the interval: each tries to write
+            out = fake_vllm.rejection_sample(draft_ids, num, 9, cu, None, target, bonus, md)
+            assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]
+    warnings = [r for r in caplog.records if "cannot write FLy's counters" in r.getMessage()]
+    assert len(warnings) == 1 and str(path) in warnings[0].getMessage()
+    assert not path.exists()
 
 
 @pytest.fixture

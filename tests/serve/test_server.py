@@ -9,6 +9,7 @@ and SpecGuard tests; its engine can be slowed down per round to hold the worker 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,10 +27,9 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 import torch  # noqa: E402
-import uvicorn  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from loosespec.serve.app import ServerSettings, create_app  # noqa: E402
+from loosespec.serve.app import CommonFields, ServerSettings, create_app, make_server  # noqa: E402
 
 KEY = "test-key-123"
 TINY_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
@@ -45,7 +45,7 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.server = make_server(app, log_level="warning", access_log=False)  # the server `loosespec serve` runs
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 60
@@ -583,13 +583,46 @@ def _fuzz_requests(rng: random.Random, big_prompt: str):
             yield "POST", path, {"json": b}
 
 
+# every float field of the requests (loosespec's knobs and OpenAI's), read from the request model
+FLOAT_FIELDS = [name for name, f in CommonFields.model_fields.items() if "float" in str(f.annotation)]
+EXTREME_FLOATS = [1e-40, -1e-40, 5e-324, 1e-38, 2.2250738585072014e-308, 1e-5, 1e308, -1e308,
+                  1.7976931348623157e308, -0.0]
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]  # not JSON, but what many encoders write
+
+
+def _extreme_float_requests():
+    """(method, path, kwargs): each float field at each extreme value (and each non-finite spelling, as raw bodies),
+    in bodies that sample (temperature 0.7) with each lossy or sampling method, so the value reaches the sampler."""
+    methods = ["rejection", "fly", "specguard"]
+    i = 0
+    for name in FLOAT_FIELDS:
+        for value in EXTREME_FLOATS:
+            for method in (methods if name == "temperature" else [methods[i % 3]]):
+                i += 1
+                body = {"max_tokens": 2, "method": method, "temperature": 0.7,
+                        name: {"7": value} if name == "logit_bias" else value}
+                if i % 2:
+                    yield "POST", "/v1/completions", {"json": {**body, "prompt": "abc"}}
+                else:
+                    yield "POST", "/v1/chat/completions", {"json": {**body, "messages": [{"role": "user",
+                                                                                         "content": "abc"}]}}
+        for raw in NON_FINITE:
+            value = f'{{"7": {raw}}}' if name == "logit_bias" else raw
+            yield "POST", "/v1/completions", {"content": f'{{"prompt": "a", "max_tokens": 2, "method": "rejection", '
+                                                         f'"temperature": 0.7, "{name}": {value}}}'.encode(),
+                                              "headers": {"content-type": "application/json"}}
+
+
 def test_fuzz_never_5xx(tiny):
+    assert {"temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "sg_temperature",
+            "sg_tau", "sg_beta", "fly_entropy_threshold", "draft_confidence_threshold"} <= set(FLOAT_FIELDS)
     rng = random.Random(1234)
     big_prompt = "lorem ipsum " * 200  # byte-level tokens: over the tiny model's 1024-token context
     statuses: dict[int, int] = {}
     auth = {"Authorization": f"Bearer {KEY}"}
+    extreme = list(_extreme_float_requests())
     with httpx.Client(timeout=60) as h:
-        for method, path, kw in _fuzz_requests(rng, big_prompt):
+        for method, path, kw in [*_fuzz_requests(rng, big_prompt), *extreme]:
             headers = {**auth, **kw.pop("headers", {})}
             r = h.request(method, tiny.url + path, headers=headers, **kw)
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
@@ -602,14 +635,266 @@ def test_fuzz_never_5xx(tiny):
             else:
                 out = r.json()
                 assert "choices" in out or "data" in out or out.get("status") == "ok", out
-    assert sum(statuses.values()) == 300
+    assert sum(statuses.values()) == 300 + len(extreme)
     assert statuses.get(200, 0) >= 20 and sum(v for k, v in statuses.items() if 400 <= k < 500) >= 150, statuses
-    assert httpx.get(tiny.url + "/health").json() == {"status": "ok", "model": "tiny", "queue_waiting": 0,
-                                                      "running": False}
+    health = httpx.get(tiny.url + "/health")
+    assert health.status_code == 200
+    assert {k: v for k, v in health.json().items() if k in ("status", "model", "queue_waiting", "running")} == {
+        "status": "ok", "model": "tiny", "queue_waiting": 0, "running": False}
     r = client(tiny, key=KEY).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "ok"}],
                                                       max_tokens=3)
     assert r.choices[0].finish_reason in ("stop", "length")
     assert metric(tiny, "loosespec:http_requests_total", status="500") == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests the server must refuse or survive; health, shutdown, Host / Origin (issue 43)
+# ---------------------------------------------------------------------------------------------
+
+
+def _server_on(tiny, **settings) -> LiveServer:
+    """Another server (keyless unless told) on the tiny module server's engine; one generation at a time anyway."""
+    base = dict(served_model_name="tiny", max_queue=2, max_tokens_default=8, defaults={"method": "exact"})
+    return LiveServer(create_app(tiny.engine, ServerSettings(**{**base, **settings})))
+
+
+def _health(server) -> dict:
+    return httpx.get(server.url + "/health", timeout=30).json()
+
+
+def test_a_temperature_near_zero_samples_greedily(tiny):
+    """1e-40 divided the logits into infinities (a 500): below 1e-5 a temperature is greedy, as in vLLM."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def post(**body):
+        return httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=60,
+                          json={"model": "tiny", "prompt": "abcabc", "max_tokens": 6, "seed": 3, **body})
+
+    def text(**body):
+        r = post(**body)
+        assert r.status_code == 200, (body, r.text)
+        return r.json()["choices"][0]["text"]
+
+    for method in ("rejection", "fly", "specguard", "exact"):
+        greedy = text(method=method, temperature=0)
+        for t in (1e-40, 5e-324, 1e-38, -0.0, 9e-6):
+            assert text(method=method, temperature=t) == greedy, (method, t)
+    assert text(method="rejection", temperature=2e-5)  # above the threshold: sampled, and still no overflow
+    err = assert_openai_error(post(method="specguard", temperature=0.7, sg_temperature=1e-40), 400)
+    assert err["param"] == "sg_temperature" and "1e-05" in err["message"]
+
+
+def test_stop_strings_are_capped(tiny):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    base = {"model": "tiny", "prompt": "abc", "max_tokens": 4}
+    r = httpx.post(tiny.url + "/v1/completions", headers=auth, json={**base, "stop": ["\x01" * 256] * 16}, timeout=60)
+    assert r.status_code == 200, r.text
+    for stop, words in ((["a"] * 17, "at most 16 stop strings"), ("y" * 257, "at most 256 characters"),
+                        (["z", "w" * 100_000], "at most 256 characters"), (["z", ""], "non-empty")):
+        r = httpx.post(tiny.url + "/v1/completions", headers=auth, json={**base, "stop": stop}, timeout=60)
+        err = assert_openai_error(r, 400)
+        assert err["param"] == "stop" and words in err["message"], err
+
+
+@contextlib.contextmanager
+def _queue_full(server, auth: dict, waiting: int = 2):
+    """The worker busy with a long streaming generation and ``waiting`` requests queued behind it (the tiny
+    server's --max-queue); on exit the stream is closed (cancelled) and the waiting ones run."""
+    server.engine.delay = 0.05
+    long = {"model": "tiny", "prompt": "x", "max_tokens": 900, "stream": True, "method": "ar"}
+    short = {"model": "tiny", "prompt": "y", "max_tokens": 2}
+    try:
+        with httpx.Client(timeout=60, headers=auth) as h, ThreadPoolExecutor(waiting) as pool:
+            with h.stream("POST", server.url + "/v1/completions", json=long) as running:
+                assert running.status_code == 200
+                lines = running.iter_lines()  # keep a reference: a collected iterator closes the stream
+                next(line for line in lines if line.startswith("data: {"))
+                futures = [pool.submit(httpx.post, server.url + "/v1/completions", json=short, headers=auth,
+                                       timeout=120) for _ in range(waiting)]
+                _wait_for(lambda: _health(server)["queue_waiting"] == waiting, what=lambda: _health(server))
+                yield futures
+            for f in futures:
+                assert f.result().status_code == 200
+    finally:
+        server.engine.delay = 0.0
+
+
+def test_a_full_queue_refuses_before_tokenizing(tiny, monkeypatch):
+    """Admission (429) comes before tokenizing: a flood of huge prompts costs the server no tokenizer time."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    front = tiny.app.state.frontend
+    calls = []
+    encode = front._encode
+    monkeypatch.setattr(front, "_encode", lambda *a: calls.append(a[1]) or encode(*a))
+    huge = "lorem ipsum " * 200_000  # 2.4 MB
+    with _queue_full(tiny, auth):
+        calls.clear()
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+                           ("/v1/completions", {"prompt": huge})):
+            err = assert_openai_error(httpx.post(tiny.url + path, headers=auth, json={"model": "tiny", **body},
+                                                 timeout=60), 429)
+            assert err["code"] == "rate_limit_exceeded"
+        assert calls == []  # neither was tokenized
+        # a request refused for a bad field is still refused for that field (checked before admission)
+        err = assert_openai_error(httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=60,
+                                             json={"prompt": huge, "stop": ["a"] * 17}), 400)
+        assert err["param"] == "stop" and calls == []
+
+
+def test_health_reports_the_workers_progress_and_a_stall(tiny):
+    server = _server_on(tiny, stall_timeout_s=0.8)
+    try:
+        r = httpx.get(server.url + "/health")
+        assert r.status_code == 200
+        body = r.json()
+        assert body["status"] == "ok" and body["running"] is False and body["stall_timeout_s"] == 0.8
+        assert body["last_progress_s"] >= 0
+        with ThreadPoolExecutor(1) as pool:
+            # each round makes progress (0.2 s apart): never stalled, though the generation outlasts the timeout
+            tiny.engine.delay = 0.2
+            done = pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
+                               json={"prompt": "x", "max_tokens": 8, "method": "ar"})
+            _wait_for(lambda: _health(server)["running"] or done.done(), what="a running generation")
+            seen = set()
+            while not done.done():
+                r = httpx.get(server.url + "/health")
+                seen.add((r.status_code, r.json()["status"]))
+                time.sleep(0.05)
+            assert done.result().status_code == 200 and seen <= {(200, "ok")}, seen
+            # a round that lasts longer than the timeout: stalled (503) while it lasts, and says for how long
+            tiny.engine.delay = 3.0
+            done = pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
+                               json={"prompt": "x", "max_tokens": 2, "method": "ar"})
+            _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503, timeout=10, what="503")
+            body = httpx.get(server.url + "/health").json()
+            assert body["status"] == "stalled" and body["running"] is True and body["last_progress_s"] > 0.8
+            tiny.engine.delay = 0.0
+            assert done.result().status_code == 200
+        _wait_for(lambda: httpx.get(server.url + "/health").status_code == 200, what="ok again")
+        assert _health(server)["status"] == "ok"
+    finally:
+        tiny.engine.delay = 0.0
+        server.close()
+
+
+def test_shutdown_answers_what_is_left_at_its_deadline(tiny):
+    """Shutdown no longer drains the whole queue: after --shutdown-timeout the running request gets an error event,
+    the waiting ones 503, and the server exits."""
+    server = _server_on(tiny, shutdown_timeout_s=1.0, max_queue=4)
+    tiny.engine.delay = 0.1  # the running generation would take 90 s
+
+    def stream():
+        body = {"prompt": "x", "max_tokens": 900, "stream": True, "method": "ar"}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            return r.status_code, sse_events(r.iter_lines())
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            running = pool.submit(stream)
+            _wait_for(lambda: _health(server)["running"], what="a running generation")
+            waiting = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
+                                   json={"prompt": "y", "max_tokens": 2}) for _ in range(2)]
+            _wait_for(lambda: _health(server)["queue_waiting"] == 2, what="2 waiting")
+            start = time.monotonic()
+            server.server.should_exit = True  # what SIGTERM and Ctrl-C do
+            for f in waiting:
+                r = f.result(timeout=30)
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "server_shutting_down"
+            status, events = running.result(timeout=30)
+            assert status == 200 and events[-1]["error"]["code"] == "server_shutting_down", events[-1]
+            assert any(e.get("choices") for e in events[:-1])  # it ran until the deadline
+        server.thread.join(timeout=15)
+        took = time.monotonic() - start
+        assert not server.thread.is_alive() and 0.9 <= took < 8, took
+    finally:
+        tiny.engine.delay = 0.0
+        server.close()
+
+
+def test_host_and_origin_are_checked_against_dns_rebinding(tiny):
+    """A keyless server on loopback answers only requests addressed to it: a web page whose name an attacker resolves
+    to 127.0.0.1 (DNS rebinding) sends its own name as Host, and browsers send the page's Origin."""
+    server = _server_on(tiny)  # no API key, bound to 127.0.0.1
+    port = server.port
+    try:
+        body = {"prompt": "abc", "max_tokens": 2}
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port}.evil.example", f"localhost:{port + 1}",
+                     f"evil.example:{port}@127.0.0.1", "127.0.0.2", ""):
+            for method, path in (("GET", "/health"), ("GET", "/metrics"), ("GET", "/v1/models"),
+                                 ("POST", "/v1/completions")):
+                r = httpx.request(method, server.url + path, headers={"Host": host}, json=body if method == "POST"
+                                  else None, timeout=30)
+                err = assert_openai_error(r, 403)
+                assert err["code"] == "host_not_allowed" and "--allow-origin" in err["message"], (host, err)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", f"LocalHost:{port}"):
+            assert httpx.get(server.url + "/v1/models", headers={"Host": host}).status_code == 200, host
+        for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"http://localhost:{port + 1}",
+                       f"https://127.0.0.1:{port}", "http://127.0.0.1", "not an origin"):
+            r = httpx.post(server.url + "/v1/completions", headers={"Origin": origin}, json=body, timeout=30)
+            err = assert_openai_error(r, 403)
+            assert err["code"] == "origin_not_allowed", (origin, err)
+        # the server's own origin (FastAPI's /docs page) and clients that send no Origin are answered
+        r = httpx.post(server.url + "/v1/completions", headers={"Origin": f"http://127.0.0.1:{port}"}, json=body)
+        assert r.status_code == 200, r.text
+        assert client(server).completions.create(model="tiny", prompt="abc", max_tokens=2).choices
+        assert metric(server, "loosespec:http_requests_total", endpoint="/v1/completions", status="403") >= 14
+    finally:
+        server.close()
+
+
+def test_allow_origin(tiny):
+    from loosespec.serve.app import parse_allow_origins
+
+    assert parse_allow_origins(["http://ui.example:3000/, gpu-box.lan", "*", "gpu-box.lan"]) == (
+        "http://ui.example:3000", "gpu-box.lan", "*")
+    for bad in ("http://ui.example/app", "http://", "a b:x"):
+        with pytest.raises(ValueError, match="--allow-origin"):
+            parse_allow_origins([bad])
+    allowed = parse_allow_origins(["http://ui.example:3000", "gpu-box.lan"])
+    server = _server_on(tiny, api_key=KEY, allow_origins=allowed)
+    port, auth = server.port, {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": "abc", "max_tokens": 2}
+    ui = {"Origin": "http://ui.example:3000"}
+    try:
+        # a browser at the listed origin: its preflight (which carries no key) is answered, then its requests
+        r = httpx.options(server.url + "/v1/chat/completions", headers={
+            **ui, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"})
+        assert r.status_code == 200, r.text
+        assert r.headers["access-control-allow-origin"] in ("*", "http://ui.example:3000")
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = httpx.post(server.url + "/v1/completions", headers={**ui, **auth}, json=body, timeout=60)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"], r.text
+        assert "x-loosespec-method" in r.headers["access-control-expose-headers"].lower()
+        assert_openai_error(httpx.post(server.url + "/v1/completions", headers=ui, json=body), 401)  # key still needed
+        # a listed host name: requests addressed to it, and pages on it (any scheme, any port)
+        assert httpx.get(server.url + "/health", headers={"Host": f"gpu-box.lan:{port}"}).status_code == 200
+        assert httpx.get(server.url + "/health", headers={"Host": "ui.example"}).status_code == 200
+        assert httpx.get(server.url + "/health", headers={"Origin": "https://gpu-box.lan:8443"}).status_code == 200
+        # nothing else
+        for headers, code in (({"Origin": "http://ui.example:3001"}, "origin_not_allowed"),
+                              ({"Origin": "http://evil.example"}, "origin_not_allowed"),
+                              ({"Host": "evil.example"}, "host_not_allowed")):
+            r = httpx.options(server.url + "/v1/completions", headers={**headers, "Access-Control-Request-Method": "POST"})
+            assert assert_openai_error(r, 403)["code"] == code
+            assert assert_openai_error(httpx.get(server.url + "/health", headers=headers), 403)["code"] == code
+    finally:
+        server.close()
+    # '*' accepts any Host and Origin
+    server = _server_on(tiny, allow_origins=("*",))
+    try:
+        r = httpx.get(server.url + "/v1/models", headers={"Host": "evil.example", "Origin": "http://evil.example"})
+        assert r.status_code == 200
+    finally:
+        server.close()
+    # a wildcard bind is reachable by names the server cannot know: the Host is not checked there; Origin still is
+    server = _server_on(tiny, host="0.0.0.0")
+    try:
+        assert httpx.get(server.url + "/health", headers={"Host": "gpu-box.lan:8000"}).status_code == 200
+        r = httpx.get(server.url + "/health", headers={"Host": "gpu-box.lan:8000", "Origin": "http://evil.example"})
+        assert assert_openai_error(r, 403)["code"] == "origin_not_allowed"
+    finally:
+        server.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,11 +913,16 @@ def test_serve_help_and_bad_method():
     for m in ("fly", "specguard"):
         at = flat.index(f"{m}: ")
         assert "LOSSY" in flat[at:at + 400], m
-    for opt in ("--host", "--port", "--api-key", "--max-queue", "127.0.0.1"):
+    for opt in ("--host", "--port", "--api-key", "--max-queue", "127.0.0.1", "--allow-origin", "DNS rebinding",
+                "--stall-timeout", "--shutdown-timeout"):
         assert opt in flat
     p = run_cli("serve", "--method", "magic", "--target", "smollm2-135m-instruct")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.strip().startswith("loosespec: error:") and "magic" in p.stderr
+    for args, words in ((("--allow-origin", "http://ui.example/app"), "--allow-origin 'http://ui.example/app'"),
+                        (("--shutdown-timeout", "-1"), "--shutdown-timeout"), (("--stall-timeout", "nan"), "--stall")):
+        p = run_cli("serve", *args)  # refused before any model is loaded
+        assert p.returncode == 2 and "Traceback" not in p.stderr and words in p.stderr, p.stderr
 
 
 def test_serve_without_server_extra():
@@ -649,7 +939,8 @@ def test_serve_command_end_to_end(tiny_dir):
     proc = subprocess.Popen([sys.executable, "-m", "loosespec.cli", "serve", "--target", str(tiny_dir / "target"),
                              "--draft", str(tiny_dir / "draft"), "--dtype", "float32", "--device", "cpu",
                              "--port", str(port), "--served-model-name", "tiny", "--api-key", KEY,
-                             "--log-level", "warning"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--log-level", "warning", "--allow-origin", "gpu-box.lan", "--stall-timeout", "60",
+                             "--shutdown-timeout", "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -666,6 +957,21 @@ def test_serve_command_end_to_end(tiny_dir):
         r = c.completions.create(model="tiny", prompt="abc", max_tokens=5, extra_body={"method": "fly"})
         assert r.model_extra["metrics"]["speculative_decoding"]["method"] == "fly"
         assert r.model_extra["metrics"]["speculative_decoding"]["drafter"] == "mla"
+        assert httpx.get(url + "/health").json()["stall_timeout_s"] == 60
+        assert httpx.get(url + "/health", headers={"Host": f"gpu-box.lan:{port}"}).status_code == 200
+        assert assert_openai_error(httpx.get(url + "/health", headers={"Host": f"evil.example:{port}"}), 403)
+        # SIGTERM with a generation running: it is answered at the 2 s deadline and the process exits
+        with httpx.Client(timeout=60) as h:
+            with h.stream("POST", url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                          json={"prompt": "x", "max_tokens": 1000, "method": "ar", "stream": True,
+                                "stop": ["\x00never"]}) as running:
+                lines = running.iter_lines()
+                next(line for line in lines if line.startswith("data: {"))
+                proc.terminate()
+                start = time.monotonic()
+                for _ in lines:  # the stream ends: its last events, or the deadline's error
+                    pass
+        assert proc.wait(timeout=20) is not None and time.monotonic() - start < 15
     finally:
         proc.terminate()
         try:

@@ -13,5 +13,5 @@ names from the upstream FLy pull request, upper-cased and prefixed)::
     LOOSESPEC_FLY_WINDOW_SIZE=6
     LOOSESPEC_FLY_ENTROPY_THRESHOLD=0.3
     LOOSESPEC_FLY_ENTROPY_TOP_K=3
-    LOOSESPEC_FLY_STATS_FILE=/path/counters.json   # optional: FLy's counters, rewritten as they change
+    LOOSESPEC_FLY_STATS_FILE=/path/counters.json   # optional: FLy's counters, rewritten at most twice a second
 """

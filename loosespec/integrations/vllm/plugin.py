@@ -25,6 +25,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -37,33 +38,102 @@ log = logging.getLogger("loosespec.integrations.vllm")
 _STATE = threading.local()  # the raw logits of the batch being verified (one model runner per process)
 
 
+STATS_WRITE_INTERVAL_S = 0.5  # the stats file is rewritten at most this often
+
+
+def _start_timer(delay: float, fn) -> None:
+    """Run ``fn`` in ``delay`` seconds on a daemon thread (the stats file's trailing write)."""
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.start()
+
+
 class FlyCounters:
     """FLy's counters summed over this process's verification steps, with vLLM's own step counts;
-    optionally written to ``LOOSESPEC_FLY_STATS_FILE`` (per process: ``{pid}`` in the path is replaced)."""
+    optionally written to ``LOOSESPEC_FLY_STATS_FILE`` (per process: ``{pid}`` in the path is replaced).
+
+    The file is rewritten at most every :data:`STATS_WRITE_INTERVAL_S` seconds: a step inside the interval
+    schedules one trailing write at its end (so the file is never more than an interval behind), and the process
+    writes it once more at exit. Statistics never stop generation: :meth:`add` runs inside vLLM's sampler, so a
+    failure to count or to write (a full disk, a directory that cannot be written) is logged once and swallowed."""
 
     def __init__(self, path: str | None):
         self.values = dict.fromkeys(("steps", "requests", "drafted_tokens", "accepted_tokens", *COUNTERS), 0)
         self.path = path.replace("{pid}", str(os.getpid())) if path else None
-        self._last_write = 0.0
+        self._last_write = -math.inf  # time.monotonic() of the last write (attempted)
+        self._pending = False  # a trailing write is scheduled
+        self._lock = threading.Lock()  # the values and the schedule
+        self._write_lock = threading.Lock()  # one writer of the file at a time (the sampler, the timer, atexit)
+        self._failed: set[str] = set()  # what has failed and been logged once: "count", "write"
         if self.path:  # the last steps' counts too, when the process ends normally
             atexit.register(self.write)
 
     def add(self, out: torch.Tensor, num_draft_tokens, events: dict[str, int]) -> None:
-        v = self.values
-        v["steps"] += 1
-        v["requests"] += len(num_draft_tokens)
-        v["drafted_tokens"] += int(num_draft_tokens.sum() if torch.is_tensor(num_draft_tokens) else sum(num_draft_tokens))
-        v["accepted_tokens"] += int(((out >= 0).sum(-1) - 1).clamp(min=0).sum())
-        for name, n in events.items():
-            v[name] += n
-        if self.path and time.monotonic() - self._last_write > 0.5:
-            self.write()
+        try:
+            drafted = int(num_draft_tokens.sum() if torch.is_tensor(num_draft_tokens) else sum(num_draft_tokens))
+            accepted = int(((out >= 0).sum(-1) - 1).clamp(min=0).sum())
+            with self._lock:
+                v = self.values
+                v["steps"] += 1
+                v["requests"] += len(num_draft_tokens)
+                v["drafted_tokens"] += drafted
+                v["accepted_tokens"] += accepted
+                for name, n in events.items():
+                    v[name] = v.get(name, 0) + n
+        except Exception:  # noqa: BLE001 - counting must never stop vLLM's sampler
+            self._log_once("count", "loosespec: FLy's counters could not be updated (statistics only; generation "
+                           "goes on)", exc_info=True)
+            return
+        self._maybe_write()
+
+    def _maybe_write(self) -> None:
+        if not self.path:
+            return
+        with self._lock:
+            wait = self._last_write + STATS_WRITE_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                if self._pending:
+                    return
+                self._pending = True
+        if wait > 0:
+            try:
+                _start_timer(wait, self._trailing_write)
+            except Exception:  # noqa: BLE001 - e.g. no thread can be started: the next step or exit writes
+                with self._lock:
+                    self._pending = False
+            return
+        self.write()
+
+    def _trailing_write(self) -> None:
+        with self._lock:
+            self._pending = False
+        self.write()
 
     def write(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.values, f)
-        os.replace(tmp, self.path)
+        """Write the counters now (to a temporary file, then renamed); a failure is logged once, never raised."""
+        if not self.path:
+            return
+        with self._write_lock:
+            with self._lock:
+                snapshot = dict(self.values)
+                self._last_write = time.monotonic()
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(snapshot, f)
+                os.replace(tmp, self.path)
+            except Exception as e:  # noqa: BLE001 - statistics must never stop generation
+                self._log_once("write", f"loosespec: cannot write FLy's counters to {self.path} ({type(e).__name__}: "
+                               f"{e}); generation goes on without the stats file (logged once)")
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def _log_once(self, what: str, message: str, **kw) -> None:
+        if what not in self._failed:
+            self._failed.add(what)
+            log.warning(message, **kw)
 
 
 def register() -> None:
