@@ -352,7 +352,7 @@ def test_humaneval_scorer_in_the_sandbox():
     assert score("humaneval", probs[0], "```python\n    import sys\n    sys.exit(0)\n```", allow_code_execution=True) is False
     assert score("humaneval", probs[0], "```python\nimport os\nos._exit(0)\n```", allow_code_execution=True) is False
     assert score("humaneval", probs[0], "```python\ndef has_close_elements(numbers, threshold):\n"
-                                        "    return False\n```") is False
+                                        "    return False\n```", allow_code_execution=True) is False
 
 
 # ----------------------------------------------------------------------------------------------- NIAH
