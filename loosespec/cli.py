@@ -29,8 +29,9 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 models_app = typer.Typer(invoke_without_command=True, help="List the embedded models, or prepare one (pull).")
 app.add_typer(models_app, name="models")
 
-_DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere) and on CPUs "
-               "with amx_bf16/avx512_bf16; on other x86 CPUs float32 with int8 Linear layers (see --quantize)")
+_DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere); on x86 CPUs "
+               "float32 with int8 Linear layers (see --quantize), also where amx_bf16/avx512_bf16 would allow "
+               "bfloat16, whose batched matmuls leave lossless methods unequal to ar")
 _CACHE_HELP = ("dynamic | static (transformers' cache_implementation). static: the KV cache preallocated at "
                "--max-cache-len positions, rolled back in place (full-attention models; not specguard); needed by "
                "--compile")
@@ -42,8 +43,8 @@ _QUANTIZE_HELP = ("auto | none | int8 | int4. int8: Linear layers in int8 (weigh
                   "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
                   "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
                   "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
-                  "methods are not token-identical to ar in it; auto: int8 where --dtype auto finds no bfloat16 "
-                  "arithmetic on the CPU (never int4 for a target; see --draft-quantize)")
+                  "methods are not token-identical to ar in it; auto: int8 on a CPU with torch's int8 engine "
+                  "when --dtype is auto (never int4 for a target; see --draft-quantize)")
 
 _DRAFT_QUANTIZE_HELP = ("auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
                         "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "

@@ -6,13 +6,17 @@ from one day to the next, so the choice is made at run time from what the machin
 
 - a CUDA device: bfloat16 where it supports it (Ampere and newer), else float16;
 - Apple MPS: float16;
-- a CPU with bfloat16 arithmetic (``amx_bf16`` or ``avx512_bf16`` in its flags): bfloat16;
-- any other x86 CPU: int8 weights (per output channel) with int8 activations scaled per token
-  (:mod:`loosespec.quant`), the non-linear parts in float32. For Qwen2.5-Coder-1.5B a 16-token
+- an x86 CPU with torch's int8 engine: int8 weights (per output channel) with int8 activations scaled per
+  token (:mod:`loosespec.quant`), the non-linear parts in float32. For Qwen2.5-Coder-1.5B a 16-token
   forward cost 8.5x a 1-token forward in bfloat16 on a 2-core AVX2 EPYC (``results/rule_cost.txt``)
   and 2.15x in int8 on a 2-core AVX-512 Xeon without bf16 (``results/bench/cpu/cost_target.json``);
-  ``loosespec models cost`` measures it on yours;
-- a CPU without an int8 engine in torch (neither ``fbgemm`` nor ``x86``): float32.
+  ``loosespec models cost`` measures it on yours. Also on CPUs with bfloat16 arithmetic (``amx_bf16``,
+  ``avx512_bf16``): there a bfloat16 verify forward is cheap, but no row of a 16-row bfloat16 forward
+  was bit-equal to the 1-token forward at its position (so ``exact`` would not equal ``ar``), and a
+  1-token forward, which reads twice int8's bytes, was slower (``benchmarks/forward_cost.py`` on an
+  AMX Xeon, ``results/forward/``); ``--dtype bfloat16`` still asks for it;
+- a CPU with bfloat16 arithmetic and ``--quantize none`` (or no int8 engine): bfloat16;
+- any other CPU without an int8 engine in torch (neither ``fbgemm`` nor ``x86``): float32.
 
 :class:`Precision` records what was chosen and why; it travels into ``--json``'s ``config``, the
 statistics line and bench results, next to the CPU model and the flags that decided it.
@@ -203,14 +207,22 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
                          "forward reads the fewest bytes per token (benchmarks/forward_cost.py measures it against "
                          "int8), and its rounding cannot change what the target accepts")
     cpu = cpu or cpu_info()
-    if cpu.bf16:
-        flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
-        return Precision("bfloat16", "none", f"CPU has bfloat16 arithmetic ({flags})")
     if quantize == "auto" and engine is not None:
+        if cpu.bf16:
+            flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
+            return Precision("float32", "int8",
+                             f"int8 weights with per-token int8 activations, although this CPU has bfloat16 arithmetic "
+                             f"({flags}): bfloat16's matmuls round a row differently alone and inside a verify batch, "
+                             "so lossless methods would leave ar, and a 1-token forward reads twice int8's bytes "
+                             "(benchmarks/forward_cost.py measures both; --dtype bfloat16 asks for it)")
         return Precision("float32", "int8",
                          "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): bf16 is emulated there and a "
                          "verify forward costs many 1-token forwards; int8 weights with per-token int8 activations "
                          "keep it cheap (loosespec models cost measures it)")
+    if cpu.bf16:
+        flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
+        why = "--quantize none" if quantize == "none" else "no int8 engine in this torch"
+        return Precision("bfloat16", "none", f"CPU has bfloat16 arithmetic ({flags}) and {why}")
     return Precision("float32", "none", "CPU has no bfloat16 arithmetic and no int8 engine requested or available")
 
 

@@ -32,10 +32,21 @@ def test_avx2_cpu_gets_int8():
     assert "no bfloat16 arithmetic" in p.reason
 
 
-def test_amx_cpu_gets_bfloat16():
+def test_amx_cpu_gets_int8_too():
+    """bfloat16 arithmetic is not enough: its batched matmuls are not batch-invariant (exact would leave ar) and a
+    1-token forward reads twice int8's bytes (benchmarks/forward_cost.py on an AMX Xeon, results/forward/)."""
     p = resolve_precision("auto", "auto", "cpu", cpu=cpu("sapphire_rapids_amx"), engine="x86")
-    assert (p.name, p.quantize) == ("bfloat16", "none")
-    assert "amx_bf16" in p.reason
+    assert (p.dtype, p.quantize, p.name) == ("float32", "int8", "int8")
+    assert "amx_bf16" in p.reason and "ar" in p.reason and "--dtype bfloat16" in p.reason
+
+
+def test_bfloat16_cpu_without_int8_gets_bfloat16():
+    amx = cpu("sapphire_rapids_amx")
+    unquantized = resolve_precision("auto", "none", "cpu", cpu=amx, engine="x86")
+    assert (unquantized.name, unquantized.quantize) == ("bfloat16", "none") and "--quantize none" in unquantized.reason
+    no_engine = resolve_precision("auto", "auto", "cpu", cpu=amx, engine=None)
+    assert no_engine.name == "bfloat16" and "no int8 engine" in no_engine.reason
+    assert resolve_precision("bfloat16", "auto", "cpu", cpu=amx, engine="x86").name == "bfloat16"
 
 
 def test_cpu_without_int8_engine_gets_float32():
