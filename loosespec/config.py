@@ -3,7 +3,7 @@
 Each field of :class:`DecodeConfig` is declared with :func:`knob`: its default, help text,
 bounds or choices (validated by pydantic), and where it appears. Everything else derives from
 that one declaration: the CLI options of ``generate``, ``serve``, ``calibrate`` and ``bench``
-(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.serve.app``), the
+(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.serve.protocol``), the
 vLLM plugin's FLy settings (``loosespec.integrations.vllm.rule``) and the errors. Adding a knob is one
 :func:`knob` line (plus the code that uses it).
 
@@ -26,8 +26,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from loosespec.errors import LoosespecError
 from loosespec.methods import LOSSY_METHODS  # noqa: F401 (re-exported)
-from loosespec.methods import FLY_BOUNDARIES, FLY_WINDOW_MEANING, fly_theta_problem
 from loosespec.methods import METHODS as _REGISTRY
+from loosespec.verify.fly import FLY_BOUNDARIES, FLY_WINDOW_MEANING, fly_theta_problem
 
 METHODS = {name: m.summary for name, m in _REGISTRY.items()}  # name -> one line of help (loosespec.methods)
 FLY_SAMPLING = ("two-sample", "rejection")

@@ -145,7 +145,7 @@ def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, re
     if progress:
         progress(f"measuring forward cost of {loaded.source.spec} ({identity['precision']}, {identity['device']}), "
                  f"once for this machine ...")
-    from loosespec.decode.engine import sync
+    from loosespec.hardware import sync
 
     curve = measure(lm, max_n, sync=lambda: sync(lm.device), progress=progress, **measure_kw)
     curve = CostCurve(curve.ns, curve.seconds, {**identity, "context": measure_kw.get("context", CONTEXT),

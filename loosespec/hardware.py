@@ -107,6 +107,14 @@ class Precision:
         return {**asdict(self), "name": self.name}
 
 
+def sync(device: torch.device) -> None:
+    """Wait for queued device work so wall-clock timers measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
     """Whether a CUDA device computes in bfloat16 natively: compute capability 8.0 (Ampere) or newer.
     ``torch.cuda.is_bf16_supported()`` also answers True where bfloat16 is only emulated (a T4 or V100 runs

@@ -4,40 +4,21 @@ with, the counters it reports. Everything that needs to know about methods reads
 the bench harness (method names and lossiness labels). Adding a method is one :class:`Method` here
 (plus its rule in :mod:`loosespec.verify.rules`, or its step loop for step-level methods).
 
-No torch at import time: :mod:`loosespec.config` imports this.
+FLy's counter names, boundaries and theta check live with its rule (:mod:`loosespec.verify.fly`): this module
+and :mod:`loosespec.config` import them from there, never the other way round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# FLy's per-round counters (loosespec.verify.fly.fly_events), per draft position seen by the rule
-FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
-# the official FLy code's counters, over all K draft positions (not only up to the first reject): mismatches before
-# the gate, and the mismatches gate, window and boundary would keep; the paper's FLy accept rate is their ratio
-FLY_OFFICIAL_COUNTERS = ("fly_initial_mismatches", "fly_window_rescues")
-# rounds whose draft was long enough for the rule to defer anywhere in it (what the draft length let FLy do)
-FLY_ROUND_COUNTERS = ("fly_deferrable_rounds",)
-# counted only with FLy's copy guard on (DecodeConfig.fly_copy_guard, a labeled variant): mismatches it refused
-FLY_GUARD_COUNTERS = ("fly_copy_rejects",)
+# FLy's counter names live with its rule; FLY_WINDOW_MEANING is re-exported for the bench harness
+from loosespec.verify.fly import FLY_WINDOW_MEANING  # noqa: F401 (re-exported)
+from loosespec.verify.fly import (FLY_COUNTERS, FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS,
+                                  PromptCopyGuard)
+from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
+
 ALL_FLY_COUNTERS = FLY_COUNTERS + FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS + FLY_GUARD_COUNTERS
-# FLy's deferral boundary (DecodeConfig.fly_boundary): "window", a mismatch may be deferred where its window of
-# fly_window_size later positions fits inside the draft (vLLM's native FLy); "official", one position stricter, as
-# the official FLy code bounds it (j <= K - W - 2 with W counting the positions after the mismatch)
-FLY_BOUNDARIES = ("window", "official")
-# what fly_window_size counts, recorded in every result's config: "subsequent" positions after the mismatch (vLLM's
-# meaning, since 2026-12-04); results written before lack the key and counted the mismatch itself (W + 1)
-FLY_WINDOW_MEANING = "subsequent"
-
-
-def fly_theta_problem(theta: float | None) -> str | None:
-    """Why an entropy threshold is refused, or None. One rule for every entry point (the configuration, the rule
-    functions of loosespec.verify.fly, the vLLM plugin): the official FLy code turns its gate off for any theta in
-    (0, 0.01], where the rule as written would gate at that entropy; rather than guess which was meant, refuse."""
-    if theta is not None and 0.0 < theta <= 0.01:
-        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
-                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
-    return None
 
 
 @dataclass(frozen=True)
@@ -54,9 +35,6 @@ class Method:
     def make_rule(self, cfg, sampling, generator, prompt_ids=None):
         """The rule verifying this method's rounds (for a step-level method: its target steps' rounds).
         ``prompt_ids``: the request's prompt, which FLy's copy guard compares drafts with."""
-        from loosespec.verify.fly import PromptCopyGuard
-        from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
-
         fly = self.name == "fly" or (self.step_level and cfg.sg_on_reject == "draft-assisted"
                                      and cfg.sg_verify == "fly")
         if fly:

@@ -20,6 +20,7 @@ from loosespec.config import DecodeConfig
 from loosespec.drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
 from loosespec.drafters.base import EMPTY_DRAFT
 from loosespec.errors import LoosespecError
+from loosespec.hardware import sync
 from loosespec.decode.gguf import REFUSAL as GGUF_REFUSAL, GgufLM, is_gguf
 from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
@@ -47,14 +48,6 @@ def prompt_tensor(ids) -> torch.Tensor:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise LoosespecError(f"a prompt's token ids must be integers, got {ids.dtype}")
     return ids.to(device="cpu", dtype=torch.long)
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued device work so wall-clock timers measure it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------

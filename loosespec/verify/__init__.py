@@ -1,5 +1,10 @@
 """Acceptance rules: pure functions on tensors, no model, cache or config object inside.
 
+The package's ground floor: nothing here imports a loosespec module above it (only :mod:`loosespec.errors`).
+Defaults written here equal the knobs' declared defaults in :mod:`loosespec.config` by test
+(``tests/verify/test_defaults.py``), not by import; FLy's counter names, boundaries and theta check live in
+:mod:`loosespec.verify.fly`, where :mod:`loosespec.methods` and :mod:`loosespec.config` read them.
+
 Vocabulary (methods.md): one **round** is the draft proposing ``K`` tokens ``d[0..K-1]`` and the
 target scoring ``[last_committed, d_0 .. d_{K-1}]`` in one forward, which gives ``K + 1`` rows of
 logits ``z[0..K]`` (row ``j`` predicts the token at draft position ``j``). A rule keeps

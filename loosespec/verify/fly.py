@@ -11,7 +11,7 @@ exact-match mask ``E_j = (d_j == t_j)``. A mismatch at ``j`` is *deferred* (the 
 1. **gate**: ``H_j >= theta``, with ``H_j`` the entropy of the target's top-k probabilities
    (k = ``fly_entropy_top_k`` = 3; probabilities from the full softmax, not renormalised; natural
    log, so ``0 <= H <= ln 3``). ``theta = 0`` opens the gate always. A theta in (0, 0.01] is refused
-   here as everywhere (:func:`loosespec.methods.fly_theta_problem`: the official code turns its gate off
+   here as everywhere (:func:`fly_theta_problem`: the official code turns its gate off
    there). A mismatch with ``H_j < theta`` is a *hard reject* (the target is confident).
 2. **window**: the ``W`` positions after it, ``j+1 .. j+W``, are all exact matches. ``W =
    fly_window_size`` counts the positions *after* the mismatch: vLLM's meaning ("the number of
@@ -65,12 +65,38 @@ from dataclasses import replace
 
 import torch
 
-from loosespec.methods import (FLY_BOUNDARIES, FLY_COUNTERS, FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS,
-                               FLY_ROUND_COUNTERS, fly_theta_problem)
 from loosespec.verify.exact import first_false, match_mask, prefix_verdict
 from loosespec.verify.rejection import native_accept, next_token
 from loosespec.verify.sampling import sample
 from loosespec.verify.types import FirstMiss, Verdict
+
+# FLy's per-round counters (fly_events), per draft position seen by the rule
+FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+# the official FLy code's counters, over all K draft positions (not only up to the first reject): mismatches before
+# the gate, and the mismatches gate, window and boundary would keep; the paper's FLy accept rate is their ratio
+FLY_OFFICIAL_COUNTERS = ("fly_initial_mismatches", "fly_window_rescues")
+# rounds whose draft was long enough for the rule to defer anywhere in it (what the draft length let FLy do)
+FLY_ROUND_COUNTERS = ("fly_deferrable_rounds",)
+# counted only with FLy's copy guard on (DecodeConfig.fly_copy_guard, a labeled variant): mismatches it refused
+FLY_GUARD_COUNTERS = ("fly_copy_rejects",)
+# FLy's deferral boundary (DecodeConfig.fly_boundary): "window", a mismatch may be deferred where its window of
+# fly_window_size later positions fits inside the draft (vLLM's native FLy); "official", one position stricter, as
+# the official FLy code bounds it (j <= K - W - 2 with W counting the positions after the mismatch)
+FLY_BOUNDARIES = ("window", "official")
+# what fly_window_size counts, recorded in every result's config: "subsequent" positions after the mismatch (vLLM's
+# meaning, since 2026-12-04); results written before lack the key and counted the mismatch itself (W + 1)
+FLY_WINDOW_MEANING = "subsequent"
+
+
+def fly_theta_problem(theta: float | None) -> str | None:
+    """Why an entropy threshold is refused, or None. One rule for every entry point (the configuration, the rule
+    functions here, the vLLM plugin): the official FLy code turns its gate off for any theta in
+    (0, 0.01], where the rule as written would gate at that entropy; rather than guess which was meant, refuse."""
+    if theta is not None and 0.0 < theta <= 0.01:
+        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
+                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
+    return None
+
 
 # the rule functions' defaults for callers that pass none: vLLM's native FLy (whose W default is min(6, K - 1))
 THETA, WINDOW, TOP_K, BOUNDARY = 0.3, 6, 3, "window"

@@ -7,13 +7,15 @@ configuration fixes (sampling parameters, FLy's knobs, the shared generator). Th
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from loosespec.drafters.base import Draft
 from loosespec.verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
 from loosespec.verify.fly import PromptCopyGuard, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
+
+if TYPE_CHECKING:  # annotations only: drafters/ sits above verify/, which imports nothing above it at run time
+    from loosespec.drafters.base import Draft
 
 
 class Rule(Protocol):

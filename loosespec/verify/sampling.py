@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loosespec.config import knob_default
 from loosespec.errors import NonFiniteLogits
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = knob_default("temperature")
-    top_p: float = knob_default("top_p")
-    top_k: int = knob_default("top_k")  # 0 disables top-k
+    # the knobs' defaults in loosespec.config, written out here (verify/ imports nothing above it): the marked
+    # lines are the ones tests/verify/test_defaults.py keeps equal to them
+    temperature: float = 0.0  # (knob default, tests/verify/test_defaults.py)
+    top_p: float = 1.0  # (knob default, tests/verify/test_defaults.py)
+    top_k: int = 0  # 0 disables top-k (knob default, tests/verify/test_defaults.py)
     # [V] bool: tokens that may be drawn at all (a draft restricted to the vocabulary it shares with
     # the target, loosespec.drafters.bridge); None: every token
     vocab_mask: torch.Tensor | None = field(default=None, compare=False)

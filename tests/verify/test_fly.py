@@ -221,12 +221,14 @@ def test_theta_in_the_official_codes_off_range_is_refused(theta):
 
 
 def test_the_registry_names_the_counters_the_rule_emits():
-    """methods.FLY_COUNTERS (what the server and the vLLM plugin export) is the rule's own set of counter names."""
-    from loosespec.methods import FLY_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS
-    from loosespec.verify.fly import fly_accept
+    """The counter names declared with the rule (what the vLLM plugin exports) are the ones it emits, and the
+    method registry (what the server exports) names them for fly."""
+    from loosespec.methods import METHODS
+    from loosespec.verify.fly import FLY_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, fly_accept
 
     _, events = fly_accept(torch.tensor([True, False, True]), torch.randn(3, 7), 0.3, 1)
     assert set(events) == set(FLY_COUNTERS + FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS)
+    assert set(events) <= set(METHODS["fly"].counters)
 
 
 def _events_reference(match, entropy, theta, window_size, accept, num_draft_tokens=None, boundary="window"):

@@ -42,9 +42,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from loosespec.config import VLLM_KNOBS, knob_default, knob_type, validate_knob
-from loosespec.methods import FLY_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS
 from loosespec.verify.exact import first_false
-from loosespec.verify.fly import fly_accept
+from loosespec.verify.fly import FLY_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, fly_accept
 from loosespec.verify.rejection import native_accept, next_token
 from loosespec.verify.sampling import sample
 
