@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from loosespec.eval.harness import machine_label
+from loosespec.eval.stats import machine_label
 
 PEERS = ("hf-", "llamacpp-", "vllm-")
 

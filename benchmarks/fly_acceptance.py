@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loosespec.eval.harness import machine_label  # noqa: E402
+from loosespec.eval.stats import machine_label  # noqa: E402
 
 EXACT, FLY = "exact-mla", "fly-mla"
 FULL_SPECBENCH, FULL_HUMANEVAL = 60, 40  # the sizes: Spec-Bench 10 x 6, HumanEval's first 40

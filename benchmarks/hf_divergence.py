@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from loosespec.decode.text import encode_prompt
     from loosespec.eval.datasets import load_dataset
     from loosespec.eval.failures import first_divergence
-    from loosespec.eval.harness import RESULTS, ResultsFile
+    from loosespec.eval.results import RESULTS, ResultsFile
 
     qid = f"gsm8k/{args.problem}"
     ar = next(r for r in ResultsFile(args.results / RESULTS).read() if r["method"] == "ar" and r["question_id"] == qid)

@@ -15,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from loosespec.eval.harness import ResultsFile, mcnemar_exact, wilson
+from loosespec.eval.results import ResultsFile
+from loosespec.eval.stats import mcnemar_exact, wilson
 
 
 def ar_rows(d: Path) -> tuple[dict, dict]:

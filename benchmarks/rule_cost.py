@@ -20,8 +20,8 @@ import time
 import torch
 
 from loosespec.cost import measure
-from loosespec.decode.engine import sync
 from loosespec.decode.kv import CachedLM
+from loosespec.hardware import sync
 from loosespec.models import load
 from loosespec.verify import SamplingParams, greedy_verify, logits_to_probs, rejection_verify
 from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection

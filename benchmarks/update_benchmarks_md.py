@@ -29,7 +29,8 @@ import re
 import sys
 from pathlib import Path
 
-from loosespec.eval.harness import RESULTS, ResultsFile, report
+from loosespec.eval.report import report
+from loosespec.eval.results import RESULTS, ResultsFile
 from loosespec.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]

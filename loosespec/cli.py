@@ -426,7 +426,8 @@ def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_reten
                                                           **(score_options if D.executes_code(set_of[p.id]) else {})),
                            confirm=confirm,
                            min_retention=min_retention, runs_file=runs, log=tqdm_write)
-    from loosespec.eval.harness import hardware, machine_label
+    from loosespec.eval.run import hardware
+    from loosespec.eval.stats import machine_label
 
     report.update(command=" ".join(["loosespec"] + sys.argv[1:]), datasets=sets, limit=limit,
                   target=target, draft=draft, precision=engine.precision, hardware=machine_label(hardware()))
@@ -506,7 +507,10 @@ def bench(
     command skips finished pairs. fly-* and specguard* are LOSSY: their accuracy is measured
     against ar on the same prompts (recovery, paired counts, identical outputs).
     """
+    from loosespec.eval import bench_methods as M
     from loosespec.eval import harness as B
+    from loosespec.eval import report as RP
+    from loosespec.eval import results as R
     from loosespec.eval import datasets as D
 
     max_new_tokens, temperature, top_p, top_k, seed, sg_tau, adaptive_draft_length = (knobs[n] for n in BENCH_KNOBS)
@@ -514,7 +518,7 @@ def bench(
         raise LoosespecError(f"--limit must be a positive integer, got {limit}")
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
-    method_list = B.parse_methods(methods)
+    method_list = M.parse_methods(methods)
     sandbox_mode = D.check_code_execution([dataset], allow_code_execution, sandbox)  # before anything loads
     if sandbox_mode is not None:
         print(f"# model-written code is scored in the sandbox, mode {sandbox_mode}", file=sys.stderr)
@@ -524,7 +528,7 @@ def bench(
         values = [v.strip() for v in values.split(",") if v.strip()]
         if not eq or not values:
             raise LoosespecError(f"--sweep takes <knob>=<v1>,<v2>,..., e.g. num_draft_tokens=5,10,15; got '{sweep}'")
-        method_list = B.parse_methods(B.sweep_methods(method_list, knob.strip(), values))
+        method_list = M.parse_methods(M.sweep_methods(method_list, knob.strip(), values))
     if vllm_concurrency < 1:
         raise LoosespecError(f"--vllm-concurrency must be >= 1, got {vllm_concurrency}")
     if vllm_num_speculative_tokens is not None and vllm_num_speculative_tokens < 1:
@@ -532,7 +536,7 @@ def bench(
     if vllm_max_num_batched_tokens is not None and vllm_max_num_batched_tokens < 1:
         raise LoosespecError(f"--vllm-max-num-batched-tokens must be >= 1, got {vllm_max_num_batched_tokens}")
     draft_spec = resolve_draft(draft, target)
-    missing = [m for m in method_list if B.needs_draft_model(m)]
+    missing = [m for m in method_list if M.needs_draft_model(m)]
     vllm_draft = [m for m in method_list if m in ("vllm-draft", "vllm-fly")]
     if (missing or vllm_draft) and draft_spec is None:
         raise LoosespecError(f"method(s) {', '.join(missing + vllm_draft)} need a draft model: pass --draft")
@@ -551,7 +555,7 @@ def bench(
                 "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "seed": seed, "sg_tau": sg_tau}
     for m in method_list:  # fail on bad settings before loading anything
-        B.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
+        M.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
                         top_k=top_k, has_draft=load_draft is not None, sg_tau=sg_tau)
     options = {k: v for k, v in {"lang": lang, "category": category,
                                  "context_lengths": _csv_numbers(context_lengths, int, "--context-lengths"),
@@ -565,13 +569,13 @@ def bench(
     from loosespec.models import has_gguf
 
     # SpecGuard reads the draft's attentions and hf-assist runs it in transformers: no llama.cpp draft for them
-    torch_draft = any(m == "hf-assist" or B.bench_method(m).method == "specguard" for m in method_list)
+    torch_draft = any(m == "hf-assist" or M.bench_method(m).method == "specguard" for m in method_list)
 
     precision = resolve_precision(dtype, quantize, pick_device(device), gguf=has_gguf(target))
     draft_precision = None if draft_spec is None else resolve_precision(
         dtype, draft_quantize_for(quantize, draft_quantize), pick_device(device), gguf=has_gguf(draft_spec),
         role=draft_role(torch_draft)).name
-    config = B.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
+    config = R.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
                           draft_dtype=draft_precision,
                           adaptive_draft_length=adaptive_draft_length,
                           options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
@@ -595,7 +599,7 @@ def bench(
     out.mkdir(parents=True, exist_ok=True)
     # the folder's lock for the whole run (one line naming the holder's pid if another run holds it), the config
     # checked and this run's provenance recorded in config.json, a torn last line repaired
-    run = B.open_run(out, config, data_dir=data_dir, sandbox=sandbox_mode)
+    run = R.open_run(out, config, data_dir=data_dir, sandbox=sandbox_mode)
     scorer = lambda p, text: D.judge(dataset, p, text, **score_options)  # noqa: E731
     # rows whose scoring failed (no answer) are scored again from their stored outputs
     rows = B.rescore_errors(out, problems, method_list, scorer=scorer, log=tqdm_write)
@@ -613,7 +617,7 @@ def bench(
                                       count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
         todo = B.pending_pairs(problems, method_list, done)
         print(f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
-              f"{len(done)} already in {out / B.RESULTS}", file=sys.stderr)
+              f"{len(done)} already in {out / R.RESULTS}", file=sys.stderr)
         vllm = None
         if any(m.startswith("vllm-") for m in method_list):
             from loosespec.models import resolve
@@ -631,13 +635,13 @@ def bench(
                     scorer=scorer, model_id=target,
                     log=lambda line: tqdm_write(line))
     else:
-        print(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / B.RESULTS}", file=sys.stderr)
-    summary, table = B.report(out, method_list, config, draw=plots)
+        print(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / R.RESULTS}", file=sys.stderr)
+    summary, table = RP.report(out, method_list, config, draw=plots)
     run.release()
     print(f"\n{dataset}: {target} <- {draft_spec}, {precision.name}, {resolved}, {max_new_tokens} new tokens, "
           f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n")
     print(table)
-    print(f"\nsummary: {out / B.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
+    print(f"\nsummary: {out / R.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
 
 
 def tqdm_write(line: str) -> None:
@@ -666,19 +670,21 @@ def report(
                                               "T > 0 one seed is one draw. Repeatable."),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
-    from loosespec.eval import harness as B
+    from loosespec.eval import bench_methods as M
+    from loosespec.eval import report as RP
+    from loosespec.eval import results as R
 
     if pool and not failures:
         raise LoosespecError("--pool pools the --failures tables across seeds: give --failures with it")
-    method_list = B.parse_methods(methods) if methods else None
-    summary, table = B.report(out, method_list, draw=plots)
+    method_list = M.parse_methods(methods) if methods else None
+    summary, table = RP.report(out, method_list, draw=plots)
     if failures:  # read before anything is printed: a pool that cannot be read fails here
         from loosespec.eval.failures import failure_table, retention_table
 
         verdicts = retention_table([out] + ([[out, *pool]] if pool else []))
         lost = failure_table([[out, *pool]] if pool else [out])
     if spec_bench is not None:
-        written = B.export_spec_bench(B.ResultsFile(out / B.RESULTS).read(), spec_bench)
+        written = R.export_spec_bench(R.ResultsFile(out / R.RESULTS).read(), spec_bench)
         print(f"Spec-Bench answer files: {', '.join(str(p) for p in written)}", file=sys.stderr)
     cfg = summary.get("config", {})
     print(f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
@@ -742,7 +748,7 @@ def serve(
     pages may call it only from origins named by --allow-origin: a guard against DNS rebinding.
     """
     try:
-        from loosespec.serve.app import ServerSettings
+        from loosespec.serve.protocol import ServerSettings
         from loosespec.serve.app import serve as run_server
     except ImportError as e:
         raise LoosespecError(f"the server needs its optional dependencies ({e.name or e}): "
@@ -759,7 +765,7 @@ def serve(
         raise LoosespecError("--api-key must not be empty")
     import math
 
-    from loosespec.serve.app import parse_allow_origins
+    from loosespec.serve.access import parse_allow_origins
 
     try:
         allow_origins = parse_allow_origins(allow_origin)

@@ -29,7 +29,7 @@ calibration resumes where it stopped and ``--limit`` can grow. Times are wall-cl
 machine (the table records the CPU).
 
 A record stores the scorer's verdict as the bench harness does (``score``, ``score_status``, ``score_detail``;
-:mod:`loosespec.eval.harness`): a scoring failure (a sandbox that could not start, a scorer's exception) is no
+:mod:`loosespec.eval.run`): a scoring failure (a sandbox that could not start, a scorer's exception) is no
 answer, left out of accuracy and retention and counted (``score_errors``); a resumed calibration scores its stored
 text again (no generation) and appends the new verdict as a later line for the same (setting, problem), which the
 reader prefers. A program under test that fails or times out stays a wrong answer.
@@ -111,8 +111,9 @@ class _Recorder:
 @torch.inference_mode()
 def trace(engine, ids: torch.Tensor, max_new_tokens: int, k: int) -> dict:
     """Exact verification, MLA, K drafted every round, each round recorded (see :class:`_Recorder`)."""
-    from loosespec.decode.engine import decode, sync
+    from loosespec.decode.engine import decode
     from loosespec.decode.stats import Stats
+    from loosespec.hardware import sync
 
     cfg = DecodeConfig.create("exact", "mla", k, has_draft_model=True, max_new_tokens=max_new_tokens,
                               adaptive_draft_length=False)
@@ -232,9 +233,9 @@ def run_record(engine, ids: torch.Tensor, cfg: DecodeConfig) -> dict:
 
 def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_retention: float = RETENTION) -> dict:
     """Speed and retention of one confirmed setting over the problems both have (see the module docstring)."""
-    from loosespec.eval.harness import bootstrap_ratio, mcnemar_exact
+    from loosespec.eval.stats import bootstrap_ratio, mcnemar_exact
 
-    from loosespec.eval.harness import score_status
+    from loosespec.eval.results import score_status
 
     ids = [p for p in records if p in baseline]
     # a verdict on both sides: a record whose scoring failed is no answer (left out of accuracy and retention)
@@ -268,7 +269,7 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
 
 def _accuracy(records) -> float | None:
     """Right / answered over records with a verdict (a failed scoring is no answer)."""
-    from loosespec.eval.harness import score_status
+    from loosespec.eval.results import score_status
 
     answered = [score_status(r) for r in records if score_status(r) in ("right", "wrong")]
     return round(answered.count("right") / len(answered), 4) if answered else None
@@ -316,7 +317,8 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
     """The four stages (module docstring); returns the report (screen, confirmed rows, the choice)."""
     from tqdm.auto import tqdm
 
-    from loosespec.eval.harness import judge_output, score_status
+    from loosespec.eval.results import score_status
+    from loosespec.eval.run import judge_output
 
     runs = RunsFile(runs_file)
     say = log or (lambda _: None)

@@ -42,7 +42,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from loosespec.eval.harness import CONFIG, RESULTS, ResultsFile, read_config, summarize, unique_rows
+from loosespec.eval.results import CONFIG, RESULTS, ResultsFile, read_config, unique_rows
+from loosespec.eval.stats import summarize
 
 MAX_LOOP_PERIOD = 64  # tokens in the repeated span, at most
 MIN_LOOP_REPEATS = 3  # times the span repeats at the end of the output, at least

@@ -16,12 +16,16 @@ from pathlib import Path
 import pytest
 from conftest import run_cli as cli
 
-from loosespec.eval import harness as B
+from loosespec.eval import bench_methods as M
+from loosespec.eval import harness as H
+from loosespec.eval import report as RP
+from loosespec.eval import results as R
+from loosespec.eval import stats as S
 from loosespec.errors import LoosespecError
 
 
 def row(qid, method, wall, ids, score=None, rounds=None, cat="c", drafted=None, accepted=None, lengths=None):
-    return {"question_id": qid, "category": cat, "method": method, "lossy": B.is_lossy(method), "wall_time": wall,
+    return {"question_id": qid, "category": cat, "method": method, "lossy": M.is_lossy(method), "wall_time": wall,
             "token_ids": ids, "new_tokens": len(ids), "rounds": rounds if rounds is not None else len(ids),
             "accept_lengths": lengths or [], "score": score, "drafted_tokens": drafted, "accepted_tokens": accepted,
             "stats": {}}
@@ -38,7 +42,7 @@ HAND = [
 
 
 def test_summary_arithmetic_on_hand_made_results():
-    s = B.summarize(HAND)
+    s = S.summarize(HAND)
     ar, fly = s["methods"]["ar"], s["methods"]["fly-ngram"]
     assert ar["speedup"] == 1.0 and ar["mean_accepted_length"] == 1.0 and ar["identical_to_ar"] == 1.0
     assert fly["speedup"] == pytest.approx(60 / 20)  # total ar wall / total method wall
@@ -62,7 +66,7 @@ def test_summary_arithmetic_on_hand_made_results():
 
 def test_summary_counts_only_prompts_shared_with_ar():
     rows = HAND[:1] + [HAND[3], row("q9", "fly-ngram", 1.0, [1], True)]  # q9 has no ar row
-    fly = B.summarize(rows)["methods"]["fly-ngram"]
+    fly = S.summarize(rows)["methods"]["fly-ngram"]
     assert fly["prompts"] == 1 and fly["speedup"] == pytest.approx(2.0)
 
 
@@ -73,7 +77,7 @@ def test_summary_sums_the_fly_counters_and_the_copy_guards_only_where_it_ran():
     plain = [with_stats(HAND[3], fly_prefix_mismatches=3, fly_deferred=1), with_stats(HAND[4], fly_prefix_mismatches=2)]
     guarded = [{**with_stats(r, fly_prefix_mismatches=2, fly_deferred=0, fly_copy_rejects=1), "method": name}
                for r, name in ((HAND[3], "fly-ngram@fly_copy_guard=4"), (HAND[4], "fly-ngram@fly_copy_guard=4"))]
-    s = B.summarize(HAND[:3] + plain + guarded)["methods"]
+    s = S.summarize(HAND[:3] + plain + guarded)["methods"]
     assert s["fly-ngram"]["fly_prefix_mismatches"] == 5 and s["fly-ngram"]["fly_deferred"] == 1
     assert "fly_copy_rejects" not in s["fly-ngram"]
     assert s["fly-ngram@fly_copy_guard=4"]["fly_copy_rejects"] == 2
@@ -88,126 +92,126 @@ def test_speedup_pairs_rows_timed_on_the_same_machine_only():
     on = {"q1": INTEL, "q2": INTEL, "q3": EPYC}
     rows = [{**r, "hardware": on[r["question_id"]]} for r in HAND]
     rows[4] = {**rows[4], "hardware": EPYC}
-    s = B.summarize(rows)
+    s = S.summarize(rows)
     fly = s["methods"]["fly-ngram"]
     assert fly["prompts"] == 3 and fly["timed_prompts"] == 2  # q2: ar on INTEL, fly-ngram on EPYC
     assert fly["speedup"] == pytest.approx((10 + 20) / (5 + 5))  # not q2's 30 s / 10 s across machines
     assert fly["tokens_per_s"] == pytest.approx((4 + 2) / 10)
     assert fly["accuracy"] == pytest.approx(2 / 3, abs=1e-4)  # accuracy is over all three prompts
     assert "timed_prompts" not in s["methods"]["ar"]
-    intel, epyc = (s["machines"][B.machine_label(hw)] for hw in (INTEL, EPYC))
+    intel, epyc = (s["machines"][S.machine_label(hw)] for hw in (INTEL, EPYC))
     assert intel["rows"] == 3 and epyc["rows"] == 3
     assert intel["methods"]["fly-ngram"]["prompts"] == 1 and intel["methods"]["fly-ngram"]["speedup"] == 2.0
     assert epyc["methods"]["fly-ngram"]["speedup"] == pytest.approx(4.0)  # q3: 20 s / 5 s
-    table = B.format_table(s)
+    table = RP.format_table(s)
     assert "3.00x (" in table and ", 2 timed |" in table
-    by_machine = B.format_machine_table(s)
+    by_machine = RP.format_machine_table(s)
     assert "| AMD EPYC (avx2; 2 threads) | fly-ngram | 1 | 4.00x |" in by_machine
 
 
 def test_one_machine_adds_no_machine_table():
     rows = [{**r, "hardware": INTEL} for r in HAND]
-    s = B.summarize(rows)
+    s = S.summarize(rows)
     assert "machines" not in s and "timed_prompts" not in s["methods"]["fly-ngram"]
-    assert B.machine_label(None) == "unrecorded"
-    assert B.machine_label({**INTEL, "gpu": "NVIDIA H200"}).endswith("2 threads), GPU NVIDIA H200")
+    assert S.machine_label(None) == "unrecorded"
+    assert S.machine_label({**INTEL, "gpu": "NVIDIA H200"}).endswith("2 threads), GPU NVIDIA H200")
 
 
 def test_wilson_and_bootstrap():
-    assert B.wilson(0, 0) is None
-    lo, hi = B.wilson(8, 10)
+    assert S.wilson(0, 0) is None
+    lo, hi = S.wilson(8, 10)
     assert 0.44 < lo < 0.5 and 0.94 < hi < 0.97  # textbook values 0.490, 0.943
-    assert B.bootstrap_ratio([1.0], [1.0]) is None
-    lo, hi = B.bootstrap_ratio([2.0] * 5, [1.0] * 5)
+    assert S.bootstrap_ratio([1.0], [1.0]) is None
+    lo, hi = S.bootstrap_ratio([2.0] * 5, [1.0] * 5)
     assert lo == hi == 2.0
 
 
 def test_table_marks_lossy_methods(tmp_path):
-    s = B.summarize(HAND)
-    table = B.format_table(s)
+    s = S.summarize(HAND)
+    table = RP.format_table(s)
     assert "fly-ngram (lossy)" in table and "| ar |" in table
     assert "3.00x" in table
     assert "throughput" not in table  # only runs under concurrent load (vLLM) have that column
 
 
 def test_report_writes_summary_and_plots(tmp_path):
-    (tmp_path / B.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in HAND))
-    summary, table = B.report(tmp_path)
-    assert json.loads((tmp_path / B.SUMMARY).read_text())["methods"]["fly-ngram"]["speedup"] == pytest.approx(3.0)
+    (tmp_path / R.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in HAND))
+    summary, table = RP.report(tmp_path)
+    assert json.loads((tmp_path / R.SUMMARY).read_text())["methods"]["fly-ngram"]["speedup"] == pytest.approx(3.0)
     for png in ("speedup_by_category.png", "recovery_vs_speedup.png", "accepted_lengths.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
 def test_report_errors(tmp_path):
     with pytest.raises(LoosespecError, match="no results.jsonl"):
-        B.report(tmp_path)
-    (tmp_path / B.RESULTS).write_text(json.dumps(HAND[3]) + "\n")
+        RP.report(tmp_path)
+    (tmp_path / R.RESULTS).write_text(json.dumps(HAND[3]) + "\n")
     with pytest.raises(LoosespecError, match="no ar results"):
-        B.report(tmp_path)
+        RP.report(tmp_path)
 
 
 def test_torn_last_line_is_dropped_and_kept_aside(tmp_path):
-    path = tmp_path / B.RESULTS
+    path = tmp_path / R.RESULTS
     path.write_text(json.dumps(HAND[0]) + "\n" + json.dumps(HAND[1]) + "\n" + json.dumps(HAND[2])[:40])
     with pytest.warns(UserWarning, match="skipped a torn last line 3"):  # a reader changes nothing
-        assert [r["question_id"] for r in B.ResultsFile(path).read()] == ["q1", "q2"]
+        assert [r["question_id"] for r in R.ResultsFile(path).read()] == ["q1", "q2"]
     assert path.read_text().count("\n") == 2 and not path.read_text().endswith("\n")
     with pytest.warns(UserWarning, match="dropped a torn last line 3"):  # the writer, under the folder's lock
-        rows = B.ResultsFile(path).repair()
+        rows = R.ResultsFile(path).repair()
     assert [r["question_id"] for r in rows] == ["q1", "q2"]
     assert path.read_text().count("\n") == 2 and path.read_text().endswith("\n")
-    assert (tmp_path / (B.RESULTS + ".corrupt")).read_text().startswith(json.dumps(HAND[2])[:40])
-    B.ResultsFile(path).append(HAND[2])
-    assert [r["question_id"] for r in B.ResultsFile(path).read()] == ["q1", "q2", "q3"]
+    assert (tmp_path / (R.RESULTS + ".corrupt")).read_text().startswith(json.dumps(HAND[2])[:40])
+    R.ResultsFile(path).append(HAND[2])
+    assert [r["question_id"] for r in R.ResultsFile(path).read()] == ["q1", "q2", "q3"]
 
 
 def test_complete_json_without_newline_counts_as_torn(tmp_path):
-    path = tmp_path / B.RESULTS
+    path = tmp_path / R.RESULTS
     path.write_text(json.dumps(HAND[0]) + "\n" + json.dumps(HAND[1]))
     with pytest.warns(UserWarning):
-        assert len(B.ResultsFile(path).read()) == 1
+        assert len(R.ResultsFile(path).read()) == 1
 
 
 def test_damaged_middle_line_is_an_error(tmp_path):
-    path = tmp_path / B.RESULTS
+    path = tmp_path / R.RESULTS
     path.write_text(json.dumps(HAND[0]) + "\n{broken\n" + json.dumps(HAND[1]) + "\n")
     with pytest.raises(LoosespecError, match="line 2 is damaged"):
-        B.ResultsFile(path).read()
+        R.ResultsFile(path).read()
     assert path.read_text().count("\n") == 3  # nothing removed
 
 
 def test_config_mismatch_is_an_error(tmp_path):
-    B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})
-    B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})  # same: fine
+    R.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})
+    R.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 64})  # same: fine
     with pytest.raises(LoosespecError, match="max_new_tokens: 64 there, 128 now"):
-        B.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 128})
+        R.check_config(tmp_path, {"dataset": "gsm8k", "max_new_tokens": 128})
 
 
 def test_a_directory_from_before_the_drafts_own_precision_resumes_only_with_the_draft_in_the_targets(tmp_path):
     """config.json written before draft_dtype existed: its draft ran in the target's precision."""
     old = {"dataset": "gsm8k", "dtype": "int8", "draft": "d"}
-    (tmp_path / B.CONFIG).write_text(json.dumps(old))
-    B.check_config(tmp_path, {**old, "draft_dtype": "int8"})
+    (tmp_path / R.CONFIG).write_text(json.dumps(old))
+    R.check_config(tmp_path, {**old, "draft_dtype": "int8"})
     with pytest.raises(LoosespecError, match="draft_dtype: 'int8' there, 'int4' now"):
-        B.check_config(tmp_path, {**old, "draft_dtype": "int4"})
-    cfg = B.run_config(target="t", draft=None, dtype="int8", device="cpu", dataset="gsm8k", options={},
+        R.check_config(tmp_path, {**old, "draft_dtype": "int4"})
+    cfg = R.run_config(target="t", draft=None, dtype="int8", device="cpu", dataset="gsm8k", options={},
                        max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none",
                        draft_dtype="int4")
     assert cfg["draft_dtype"] is None  # no draft, no draft precision
-    cfg = B.run_config(target="t", draft="d", dtype="int8", device="cpu", dataset="gsm8k", options={},
+    cfg = R.run_config(target="t", draft="d", dtype="int8", device="cpu", dataset="gsm8k", options={},
                        max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none")
     assert cfg["draft_dtype"] == "int8"
 
 
 def test_parse_methods():
-    assert B.parse_methods("exact-ngram,fly-mla") == ["ar", "exact-ngram", "fly-mla"]
-    assert B.parse_methods("hf-pld,ar") == ["ar", "hf-pld"]
+    assert M.parse_methods("exact-ngram,fly-mla") == ["ar", "exact-ngram", "fly-mla"]
+    assert M.parse_methods("hf-pld,ar") == ["ar", "hf-pld"]
     with pytest.raises(LoosespecError, match="unknown method"):
-        B.parse_methods("ar,fly")
+        M.parse_methods("ar,fly")
     with pytest.raises(LoosespecError, match="twice"):
-        B.parse_methods("fly-mla,fly-mla")
-    assert B.needs_draft_model("fly-mla") and B.needs_draft_model("hf-assist") and B.needs_draft_model("specguard")
-    assert not B.needs_draft_model("exact-ngram") and not B.needs_draft_model("hf-pld")
+        M.parse_methods("fly-mla,fly-mla")
+    assert M.needs_draft_model("fly-mla") and M.needs_draft_model("hf-assist") and M.needs_draft_model("specguard")
+    assert not M.needs_draft_model("exact-ngram") and not M.needs_draft_model("hf-pld")
 
 
 def test_pending_pairs_interleave_methods_per_prompt():
@@ -216,7 +220,7 @@ def test_pending_pairs_interleave_methods_per_prompt():
             self.id = i
 
     ps = [P("a"), P("b")]
-    todo = B.pending_pairs(ps, ["ar", "x"], {("a", "ar")})
+    todo = H.pending_pairs(ps, ["ar", "x"], {("a", "ar")})
     assert [(p.id, m) for p, m in todo] == [("a", "x"), ("b", "ar"), ("b", "x")]
 
 
@@ -239,7 +243,7 @@ def bench_args(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ng
 
 
 def pairs(out: Path) -> list[tuple[str, str]]:
-    return [(r["question_id"], r["method"]) for r in map(json.loads, (out / B.RESULTS).read_text().splitlines())]
+    return [(r["question_id"], r["method"]) for r in map(json.loads, (out / R.RESULTS).read_text().splitlines())]
 
 
 def env():
@@ -254,31 +258,31 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     assert sorted(got) == sorted((f"gsm8k/{i}", m) for i in range(2)
                                  for m in ("ar", "exact-ngram", "fly-ngram", "exact-model", "hf-pld"))
     assert "fly-ngram (lossy)" in first.stdout
-    summary = json.loads((out / B.SUMMARY).read_text())
+    summary = json.loads((out / R.SUMMARY).read_text())
     assert summary["methods"]["exact-ngram"]["identical_to_ar"] == 1.0  # lossless, float32
     assert summary["config"]["dataset"] == "gsm8k"
-    rows = [json.loads(x) for x in (out / B.RESULTS).read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / R.RESULTS).read_text().splitlines()]
     assert all(r["score_status"] in ("right", "wrong") and r["score"] == (r["score_status"] == "right") for r in rows)
-    runs = json.loads((out / B.CONFIG).read_text())["runs"]  # the run's provenance
+    runs = json.loads((out / R.CONFIG).read_text())["runs"]  # the run's provenance
     assert len(runs) == 1 and {r["run_id"] for r in rows} == {runs[0]["id"]}
     assert runs[0]["argv"][1:3] == ["bench", "--dataset"] and runs[0]["models"]["target"]["kind"] == "local"
     assert set(runs[0]["data_files"]) == {"gsm8k_test.jsonl"}
     rep = cli("report", out, "--spec-bench", tmp_path / "sb")
     assert rep.returncode == 0 and "| exact-ngram | 2 |" in rep.stdout, rep.stderr[-2000:]
     assert (out / "accepted_lengths.png").exists() and (tmp_path / "sb" / "ar.jsonl").exists()
-    before = (out / B.RESULTS).read_bytes()
+    before = (out / R.RESULTS).read_bytes()
     again = cli(*bench_args(tiny_dir, out))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "nothing to do" in again.stderr
-    assert (out / B.RESULTS).read_bytes() == before
+    assert (out / R.RESULTS).read_bytes() == before
     # a larger limit only runs the new problem; a different token budget is refused
     more = cli(*bench_args(tiny_dir, out, limit=3))
     assert more.returncode == 0, more.stderr[-2000:]
     assert len(pairs(out)) == 15 and len(set(pairs(out))) == 15
-    assert (out / B.RESULTS).read_bytes().startswith(before)
+    assert (out / R.RESULTS).read_bytes().startswith(before)
     bad = cli(*bench_args(tiny_dir, out, tokens=25))
     assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
-    assert len(json.loads((out / B.CONFIG).read_text())["runs"]) == 3  # each resume recorded, the refused one not
+    assert len(json.loads((out / R.CONFIG).read_text())["runs"]) == 3  # each resume recorded, the refused one not
 
 
 def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
@@ -295,8 +299,8 @@ def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
         run = cli(*args, *flags)
         assert run.returncode == 0, run.stderr[-2000:]
         assert f"mode {mode}" in run.stderr
-        assert json.loads((out / B.CONFIG).read_text())["runs"][-1]["sandbox"] == mode
-    row = json.loads((out / B.RESULTS).read_text().splitlines()[0])
+        assert json.loads((out / R.CONFIG).read_text())["runs"][-1]["sandbox"] == mode
+    row = json.loads((out / R.RESULTS).read_text().splitlines()[0])
     assert row["score_status"] == "wrong" and row["score_detail"]["sandbox"] == resolve_mode(), row["score_detail"]
 
 
@@ -314,7 +318,7 @@ def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     cmd = CLI + bench_args(tiny_dir, out, limit=6, tokens=64)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
     deadline = time.time() + 300
-    results = out / B.RESULTS
+    results = out / R.RESULTS
     while time.time() < deadline and proc.poll() is None:
         if results.exists() and results.read_text().count("\n") >= 3:
             break
@@ -338,7 +342,7 @@ def test_a_second_bench_on_a_folder_being_written_fails_at_once(tiny_dir, tmp_pa
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
     try:
         deadline = time.time() + 300
-        results = out / B.RESULTS
+        results = out / R.RESULTS
         while time.time() < deadline and proc.poll() is None:
             if results.exists() and results.read_text().count("\n") >= 1:
                 break
@@ -355,9 +359,9 @@ def test_a_second_bench_on_a_folder_being_written_fails_at_once(tiny_dir, tmp_pa
         proc.wait()
     with warnings.catch_warnings():  # the killed run may have left a torn last line
         warnings.simplefilter("ignore")
-        got = [(r["question_id"], r["method"]) for r in B.ResultsFile(out / B.RESULTS).read()]
+        got = [(r["question_id"], r["method"]) for r in R.ResultsFile(out / R.RESULTS).read()]
     assert got and len(got) == len(set(got))
-    assert len(json.loads((out / B.CONFIG).read_text())["runs"]) == 1  # the refused run recorded nothing
+    assert len(json.loads((out / R.CONFIG).read_text())["runs"]) == 1  # the refused run recorded nothing
 
 
 def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):
@@ -379,17 +383,17 @@ def test_spec_bench_export_layout(tmp_path):
                      "choices": [{"index": 0, "turns": ["t"], "decoding_steps": [r["rounds"]],
                                   "new_tokens": [r["new_tokens"]], "wall_time": [r["wall_time"]],
                                   "accept_lengths": r["accept_lengths"]}]})
-    paths = B.export_spec_bench(rows, tmp_path / "sb")
+    paths = R.export_spec_bench(rows, tmp_path / "sb")
     assert sorted(p.name for p in paths) == ["ar.jsonl", "fly-ngram.jsonl"]
     fly = [json.loads(x) for x in (tmp_path / "sb" / "fly-ngram.jsonl").read_text().splitlines()]
     assert [x["question_id"] for x in fly] == ["q1", "q2"]
-    assert set(fly[0]) == set(B.SPEC_BENCH_KEYS)
+    assert set(fly[0]) == set(R.SPEC_BENCH_KEYS)
     # what Spec-Bench's speed script computes: tokens / time per answer
     assert sum(fly[0]["choices"][0]["new_tokens"]) / sum(fly[0]["choices"][0]["wall_time"]) == pytest.approx(4 / 5)
 
 
 def test_category_table_has_accuracy_per_category():
-    table = B.format_category_table(B.summarize(HAND))
+    table = RP.format_category_table(S.summarize(HAND))
     assert "| b | fly-ngram (lossy) | 2 | 3.33x | 2.00 | 0.50 | 1.00 | 0.00 |" in table
     assert "| a | ar | 1 | 1.00x | 1.00 | 1.00 | 1.00 | 1.00 |" in table
 
@@ -400,7 +404,7 @@ def test_acceptance_by_position_pools_counts_over_prompts():
     b = row("q2", "exact-ngram", 1.0, [1])
     b["stats"] = {"num_drafted_per_pos": [4, 2, 2], "num_accepted_tokens_per_pos": [4, 2, 0]}
     old = row("q3", "exact-ngram", 1.0, [1])  # written before the counts existed: left out, not read as zeros
-    assert B.acceptance_by_position([a, b, old]) == {"exact-ngram": [6 / 8, 3 / 4, 0 / 2]}
+    assert S.acceptance_by_position([a, b, old]) == {"exact-ngram": [6 / 8, 3 / 4, 0 / 2]}
 
 
 def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatch):
@@ -415,5 +419,5 @@ def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatc
                                                                                                         **k))
     summary = {"methods": {"ar": {}, "exact-ngram": {}},
                "categories": {"a": {"exact-ngram": {"speedup": 1.5}}, "b": {}}}  # exact-ngram did not run in b
-    B.plot([], summary, tmp_path)
+    RP.plot([], summary, tmp_path)
     assert heights[0][0] == 1.5 and math.isnan(heights[0][1])

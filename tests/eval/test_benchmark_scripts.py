@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from cpu_acceptance import report  # noqa: E402
 from precision_accuracy import compare  # noqa: E402
 
-from loosespec.eval.harness import mcnemar_exact  # noqa: E402
+from loosespec.eval.stats import mcnemar_exact  # noqa: E402
 
 
 def test_mcnemar_exact():
@@ -76,7 +76,7 @@ def test_precision_compare(tmp_path):
 def test_pooled_mean_accepted_length_is_all_tokens_over_all_rounds():
     """One definition, the harness's: all tokens / all rounds, not the mean of per-prompt values (which for
     8 tokens in 2 rounds and 3 in 3 would be (4 + 1) / 2 = 2.5, not 11 / 5 = 2.2)."""
-    from loosespec.eval.harness import pooled_mean_accepted_length
+    from loosespec.eval.stats import pooled_mean_accepted_length
 
     assert pooled_mean_accepted_length([8, 3], [2, 3]) == pytest.approx(11 / 5)
     assert pooled_mean_accepted_length([8, 2], [2, 2]) == 2.5 and pooled_mean_accepted_length([], []) is None

@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_benchmarks_md_tables_match_the_result_files(capsys):
     """``python benchmarks/update_benchmarks_md.py --check``, in this process: the prose test below reuses its
-    summaries (harness.bootstrap_ratio remembers what it computed)."""
+    summaries (stats.bootstrap_ratio remembers what it computed)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("update_benchmarks_md", ROOT / "benchmarks" / "update_benchmarks_md.py")
@@ -27,7 +27,7 @@ def test_every_reported_directory_exists():
 # ------------------------------------------------------------------ numbers quoted in prose, outside the blocks
 
 def _methods(directory: str) -> dict:
-    from loosespec.eval.harness import report
+    from loosespec.eval.report import report
 
     summary, _ = report(ROOT / directory, draw=False, write=False)
     return summary["methods"]
@@ -106,7 +106,7 @@ def _quoted_figures() -> list[tuple[str, str]]:
     gs, fs = ms[guard], ms["fly-mla"]
     gg, gr = ev[guard], retention(ROOT / "results/bench/evidence/gsm8k")[guard]
     assert mg_open[guard]["restates"] == mg_open["ar"]["restates"]  # "restates as often as `ar`"
-    from loosespec.eval.harness import RESULTS, ResultsFile
+    from loosespec.eval.results import RESULTS, ResultsFile
 
     rows = ResultsFile(ROOT / "results/bench/evidence/mgsm" / RESULTS).read()
     scored = {(r["question_id"], r["method"]): bool(r["score"]) for r in rows}
@@ -361,7 +361,7 @@ def test_prose_below_the_generated_blocks_matches_them():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from precision_accuracy import compare
 
-    from loosespec.eval.harness import RESULTS, ResultsFile
+    from loosespec.eval.results import RESULTS, ResultsFile
 
     def counts(s: str):
         table = dict(re.findall(r"^\| (int8|float32) \| (\d+/\d+) =", s, re.M))

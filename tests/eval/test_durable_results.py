@@ -17,7 +17,13 @@ import pytest
 
 from loosespec.errors import LoosespecError
 from loosespec.eval import datasets as D
-from loosespec.eval import harness as B
+from loosespec.eval import bench_methods as M
+from loosespec.eval import harness as H
+from loosespec.eval import provenance as P
+from loosespec.eval import report as RP
+from loosespec.eval import results as R
+from loosespec.eval import run as RN
+from loosespec.eval import stats as S
 from loosespec.eval.datasets import Problem, ScoringError, Verdict
 
 PROBLEMS = [Problem(f"toy/{i}", "toy", f"question {i}", str(i)) for i in range(3)]
@@ -25,7 +31,7 @@ CONFIG = {"dataset": "gsm8k", "max_new_tokens": 8, "target": None, "draft": None
 
 
 def row(qid, method, score, status=None, ids=(1, 2)):
-    r = {"question_id": qid, "category": "c", "method": method, "lossy": B.is_lossy(method), "wall_time": 1.0,
+    r = {"question_id": qid, "category": "c", "method": method, "lossy": M.is_lossy(method), "wall_time": 1.0,
          "token_ids": list(ids), "new_tokens": len(ids), "rounds": len(ids), "accept_lengths": [], "score": score,
          "drafted_tokens": None, "accepted_tokens": None, "stats": {}}
     if status is not None:
@@ -40,19 +46,19 @@ def stub_generation(monkeypatch):
 
     def run_method(engine, method, ids, settings):
         calls.append(method)
-        return B.Outcome(f"answer to {ids} by {method}", [1, 2, 3], 0.5, [1, 2], {"new_tokens": 3}, {"method": method})
+        return RN.Outcome(f"answer to {ids} by {method}", [1, 2, 3], 0.5, [1, 2], {"new_tokens": 3}, {"method": method})
 
-    monkeypatch.setattr(B, "run_method", run_method)
+    monkeypatch.setattr(H, "run_method", run_method)
     return calls
 
 
 def bench(out, scorer, methods=("ar", "exact-ngram")):
-    return B.run_bench(None, PROBLEMS, list(methods), out, dataset="toy", settings={"max_new_tokens": 8},
+    return H.run_bench(None, PROBLEMS, list(methods), out, dataset="toy", settings={"max_new_tokens": 8},
                        encode=lambda p: p.prompt, scorer=scorer, model_id="m", progress=False)
 
 
 def lines(out: Path) -> list[str]:
-    return (out / B.RESULTS).read_text().splitlines()
+    return (out / R.RESULTS).read_text().splitlines()
 
 
 # --- 5. a scoring failure is no answer ------------------------------------------------------------------
@@ -69,7 +75,7 @@ def failing_sandbox(p, text):
 
 def test_a_scoring_failure_is_stored_as_no_answer_and_a_timeout_stays_wrong(tmp_path, stub_generation):
     rows = bench(tmp_path, failing_sandbox)
-    by = {(r["question_id"], r["method"]): r for r in B.ResultsFile(tmp_path / B.RESULTS).read()}
+    by = {(r["question_id"], r["method"]): r for r in R.ResultsFile(tmp_path / R.RESULTS).read()}
     assert len(by) == 6 == len(rows)
     err = by["toy/1", "ar"]
     assert err["score"] is None and err["score_status"] == "error"
@@ -80,7 +86,7 @@ def test_a_scoring_failure_is_stored_as_no_answer_and_a_timeout_stays_wrong(tmp_
     # a scorer's own bug is the harness's failure too; a plain bool scorer still works
     bug = tmp_path / "bug"
     bench(bug, lambda p, t: 1 / 0 if p.id == "toy/0" else p.id == "toy/2")
-    got = {(r["question_id"], r["method"]): r for r in B.ResultsFile(bug / B.RESULTS).read()}
+    got = {(r["question_id"], r["method"]): r for r in R.ResultsFile(bug / R.RESULTS).read()}
     assert got["toy/0", "ar"]["score_status"] == "error"
     assert "ZeroDivisionError" in got["toy/0", "ar"]["score_detail"]["error"]
     assert got["toy/2", "ar"]["score_status"] == "right" and got["toy/1", "ar"]["score_status"] == "wrong"
@@ -91,16 +97,16 @@ def test_the_summary_leaves_error_rows_out_of_accuracy_and_counts_them(tmp_path)
             row("q4", "ar", True),  # written before score_status: read from score
             row("q1", "fly-ngram", None, "error"), row("q2", "fly-ngram", True, "right"),
             row("q3", "fly-ngram", True, "right"), row("q4", "fly-ngram", False)]
-    fly = B.summarize(rows)["methods"]["fly-ngram"]
+    fly = S.summarize(rows)["methods"]["fly-ngram"]
     assert fly["prompts"] == 4  # speed still counts the row
     assert fly["scored"] == 3 and fly["score_errors"] == 1
     assert fly["accuracy"] == pytest.approx(2 / 3, abs=1e-4) and fly["ar_accuracy"] == pytest.approx(2 / 3, abs=1e-4)
     assert fly["ar_right_method_wrong"] == 1 and fly["ar_wrong_method_right"] == 1  # q1 is not a loss
-    assert "score_errors" not in B.summarize(rows)["methods"]["ar"]
-    (tmp_path / B.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _, text = B.report(tmp_path, draw=False)
+    assert "score_errors" not in S.summarize(rows)["methods"]["ar"]
+    (tmp_path / R.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, text = RP.report(tmp_path, draw=False)
     assert "Scoring failed for 1 row(s) (fly-ngram 1)" in text
-    assert B.score_status(row("q", "ar", None)) == "unscored" and B.score_status(row("q", "ar", False)) == "wrong"
+    assert R.score_status(row("q", "ar", None)) == "unscored" and R.score_status(row("q", "ar", False)) == "wrong"
 
 
 def test_a_resumed_run_scores_failed_rows_again_from_their_outputs(tmp_path, stub_generation):
@@ -138,7 +144,7 @@ def test_a_resumed_run_scores_failed_rows_again_from_their_outputs(tmp_path, stu
 # --- 6. one run per folder; a repeated pair counts once ----------------------------------------------
 
 
-HOLDER = ("import sys, time; from loosespec.eval import harness as B; lock = B.RunLock(sys.argv[1]).acquire(); "
+HOLDER = ("import sys, time; from loosespec.eval import results as R; lock = R.RunLock(sys.argv[1]).acquire(); "
           "print('locked', flush=True); time.sleep(120)")
 
 
@@ -161,31 +167,31 @@ def test_a_second_run_on_a_locked_folder_fails_at_once_naming_it_and_the_holder(
     out, proc = held
     t = time.monotonic()
     with pytest.raises(LoosespecError) as e:
-        B.open_run(out, CONFIG)
+        R.open_run(out, CONFIG)
     msg = str(e.value)
     assert time.monotonic() - t < 5 and "\n" not in msg
     assert str(out) in msg and f"pid {proc.pid}" in msg and "another run" in msg
     with pytest.raises(LoosespecError, match=f"pid {proc.pid}"):
         bench(out, lambda p, t: True)  # the library entry too
-    assert not (out / B.RESULTS).exists() and not (out / B.CONFIG).exists() and not stub_generation
+    assert not (out / R.RESULTS).exists() and not (out / R.CONFIG).exists() and not stub_generation
     os.kill(proc.pid, signal.SIGKILL)  # a killed holder's lock goes with it
     proc.communicate()
-    run = B.open_run(out, CONFIG)
-    assert json.loads((out / B.LOCK).read_text())["pid"] == os.getpid()
+    run = R.open_run(out, CONFIG)
+    assert json.loads((out / R.LOCK).read_text())["pid"] == os.getpid()
     run.release()
-    assert (out / B.LOCK).read_text() == ""  # released: names no holder
+    assert (out / R.LOCK).read_text() == ""  # released: names no holder
 
 
 def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, stub_generation):
     out = tmp_path / "run"
-    with B.open_run(out, CONFIG) as run:
-        probe = subprocess.run([sys.executable, "-c", "import sys; from loosespec.eval import harness as B; "
-                                "print(B.RunLock(sys.argv[1]).try_acquire())", str(out)],
+    with R.open_run(out, CONFIG) as run:
+        probe = subprocess.run([sys.executable, "-c", "import sys; from loosespec.eval import results as R; "
+                                "print(R.RunLock(sys.argv[1]).try_acquire())", str(out)],
                                capture_output=True, text=True, timeout=120)
         assert probe.stdout.strip() == "False", probe.stderr[-2000:]
         bench(out, lambda p, t: True)  # uses the lock this process holds
         assert run.held
-    assert B.RunLock(out).try_acquire()
+    assert R.RunLock(out).try_acquire()
 
 
 def test_the_summary_counts_a_repeated_pair_once_and_says_how_many(tmp_path):
@@ -193,20 +199,20 @@ def test_the_summary_counts_a_repeated_pair_once_and_says_how_many(tmp_path):
             row("q1", "fly-ngram", True, "right"), row("q2", "fly-ngram", False, "wrong")]
     twice = rows + [row("q1", "fly-ngram", False, "wrong"), row("q2", "ar", True, "right")]  # a second run's rows
     with pytest.warns(UserWarning, match="2 repeated"):
-        s = B.summarize(twice)
+        s = S.summarize(twice)
     assert s["repeated_pairs"] == 2
     for m in ("ar", "fly-ngram"):
-        once = B.summarize(rows)["methods"][m]
+        once = S.summarize(rows)["methods"][m]
         assert s["methods"][m]["prompts"] == 2
         for k in ("scored", "accuracy", "ar_right_method_wrong", "ar_wrong_method_right", "mcnemar_p"):
             assert s["methods"][m][k] == once[k], k
     # a verdict wins over a failed scoring of the same pair
     errs = [row("q1", "ar", None, "error"), row("q1", "ar", True, "right")]
     with pytest.warns(UserWarning):
-        assert B.summarize(errs)["methods"]["ar"]["scored"] == 1
-    (tmp_path / B.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in twice))
+        assert S.summarize(errs)["methods"]["ar"]["scored"] == 1
+    (tmp_path / R.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in twice))
     with pytest.warns(UserWarning, match="repeated"):
-        _, text = B.report(tmp_path, draw=False)
+        _, text = RP.report(tmp_path, draw=False)
     assert "repeats 2 (question, method) pair row(s)" in text
 
 
@@ -217,66 +223,66 @@ def torn_folder(out: Path) -> bytes:
     out.mkdir(parents=True, exist_ok=True)
     rows = [row("q1", "ar", True, "right"), row("q1", "exact-ngram", True, "right")]
     data = ("".join(json.dumps(r) + "\n" for r in rows) + json.dumps(row("q2", "ar", True))[:50]).encode()
-    (out / B.RESULTS).write_bytes(data)
+    (out / R.RESULTS).write_bytes(data)
     return data
 
 
 def test_report_skips_a_torn_last_line_and_changes_nothing(tmp_path):
     data = torn_folder(tmp_path)
     with pytest.warns(UserWarning, match="skipped a torn last line 3"):
-        summary, _ = B.report(tmp_path, draw=False, write=False)
+        summary, _ = RP.report(tmp_path, draw=False, write=False)
     assert summary["rows"] == 2
-    assert (tmp_path / B.RESULTS).read_bytes() == data  # a running writer's line is left alone
-    assert not (tmp_path / (B.RESULTS + ".corrupt")).exists() and not (tmp_path / B.LOCK).exists()
+    assert (tmp_path / R.RESULTS).read_bytes() == data  # a running writer's line is left alone
+    assert not (tmp_path / (R.RESULTS + ".corrupt")).exists() and not (tmp_path / R.LOCK).exists()
     from loosespec.eval.failures import failures
 
-    (tmp_path / B.CONFIG).write_text(json.dumps({"max_new_tokens": 8, "dataset": "toy"}))
+    (tmp_path / R.CONFIG).write_text(json.dumps({"max_new_tokens": 8, "dataset": "toy"}))
     with pytest.warns(UserWarning, match="torn"):
         assert failures(tmp_path) == []
-    assert (tmp_path / B.RESULTS).read_bytes() == data
+    assert (tmp_path / R.RESULTS).read_bytes() == data
 
 
 def test_only_the_run_holding_the_lock_repairs_a_torn_last_line(tmp_path, held):
     out, proc = held
     data = torn_folder(out)
     with pytest.raises(LoosespecError, match="another run"):
-        B.ResultsFile(out / B.RESULTS).repair()
-    assert (out / B.RESULTS).read_bytes() == data
+        R.ResultsFile(out / R.RESULTS).repair()
+    assert (out / R.RESULTS).read_bytes() == data
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     with pytest.warns(UserWarning, match="dropped a torn last line 3"):
-        run = B.open_run(out, CONFIG)
+        run = R.open_run(out, CONFIG)
     assert [r["question_id"] for r in run.rows] == ["q1", "q1"]
-    assert (out / B.RESULTS).read_bytes() == data[:data.rindex(b"\n") + 1]
-    assert (out / (B.RESULTS + ".corrupt")).read_bytes() == data[data.rindex(b"\n") + 1:] + b"\n"
+    assert (out / R.RESULTS).read_bytes() == data[:data.rindex(b"\n") + 1]
+    assert (out / (R.RESULTS + ".corrupt")).read_bytes() == data[data.rindex(b"\n") + 1:] + b"\n"
     run.release()
 
 
 def test_report_leaves_summary_and_plots_to_the_run_writing_the_folder(held):
     out, proc = held
-    (out / B.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in (row("q1", "ar", True, "right"),)))
+    (out / R.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in (row("q1", "ar", True, "right"),)))
     with pytest.warns(UserWarning, match=f"pid {proc.pid}"):
-        summary, table = B.report(out)
+        summary, table = RP.report(out)
     assert summary["methods"]["ar"]["prompts"] == 1 and "| ar |" in table
-    assert sorted(p.name for p in out.iterdir()) == sorted([B.LOCK, B.RESULTS])
+    assert sorted(p.name for p in out.iterdir()) == sorted([R.LOCK, R.RESULTS])
 
 
 # --- 8. files replaced whole; a damaged config.json is one clear line ---------------------------------
 
 
 def test_a_torn_config_json_is_a_clear_error_naming_it(tmp_path):
-    (tmp_path / B.CONFIG).write_text('{"dataset": "gsm8k", "max_new_tok')
-    (tmp_path / B.RESULTS).write_text(json.dumps(row("q1", "ar", True)) + "\n")
-    for call in (lambda: B.check_config(tmp_path, CONFIG), lambda: B.report(tmp_path, draw=False),
-                 lambda: B.open_run(tmp_path, CONFIG)):
+    (tmp_path / R.CONFIG).write_text('{"dataset": "gsm8k", "max_new_tok')
+    (tmp_path / R.RESULTS).write_text(json.dumps(row("q1", "ar", True)) + "\n")
+    for call in (lambda: R.check_config(tmp_path, CONFIG), lambda: RP.report(tmp_path, draw=False),
+                 lambda: R.open_run(tmp_path, CONFIG)):
         with pytest.raises(LoosespecError) as e:
             call()
-        assert str(tmp_path / B.CONFIG) in str(e.value) and "damaged" in str(e.value) and "\n" not in str(e.value)
+        assert str(tmp_path / R.CONFIG) in str(e.value) and "damaged" in str(e.value) and "\n" not in str(e.value)
     from loosespec.eval.failures import failures
 
     with pytest.raises(LoosespecError, match="config.json is damaged"):
         failures(tmp_path)
-    assert B.RunLock(tmp_path).try_acquire()  # the failed open_run let go of the lock
+    assert R.RunLock(tmp_path).try_acquire()  # the failed open_run let go of the lock
 
 
 def test_replaced_files_are_renamed_into_place_whole(tmp_path, stub_generation):
@@ -285,14 +291,14 @@ def test_replaced_files_are_renamed_into_place_whole(tmp_path, stub_generation):
     out = tmp_path / "run"
     out.mkdir()
     bench(out, lambda p, t: True)
-    B.check_config(out, CONFIG)
+    R.check_config(out, CONFIG)
 
     def write_all():
-        B.report(out)
-        B.export_spec_bench(B.ResultsFile(out / B.RESULTS).read(), tmp_path / "sb")
+        RP.report(out)
+        R.export_spec_bench(R.ResultsFile(out / R.RESULTS).read(), tmp_path / "sb")
 
     write_all()
-    names = [out / B.SUMMARY, out / "accepted_lengths.png", tmp_path / "sb" / "ar.jsonl"]
+    names = [out / R.SUMMARY, out / "accepted_lengths.png", tmp_path / "sb" / "ar.jsonl"]
     before = {p: (os.stat(p).st_ino, p.read_bytes()) for p in names}
     readers = {p: open(p, "rb") for p in names}
     try:
@@ -303,10 +309,10 @@ def test_replaced_files_are_renamed_into_place_whole(tmp_path, stub_generation):
     finally:
         for f in readers.values():
             f.close()
-    config = out / B.CONFIG
+    config = out / R.CONFIG
     ino, text = os.stat(config).st_ino, config.read_bytes()
     with open(config, "rb") as reader:
-        B.open_run(out, CONFIG).release()  # a resume adds its provenance to config.json
+        R.open_run(out, CONFIG).release()  # a resume adds its provenance to config.json
         assert os.stat(config).st_ino != ino and reader.read() == text
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
@@ -322,12 +328,12 @@ def test_each_run_records_its_provenance_and_a_resume_still_matches(tmp_path, mo
     out = tmp_path / "run"
     config = {**CONFIG, "target": str(model), "draft": "someone/some-model"}
     monkeypatch.setattr(sys, "argv", ["loosespec", "bench", "--limit", "2"])
-    with B.open_run(out, config) as first:
+    with R.open_run(out, config) as first:
         bench(out, lambda p, t: True)
     monkeypatch.setattr(sys, "argv", ["loosespec", "bench", "--limit", "3"])  # another command line, later
-    with B.open_run(out, config) as second:
+    with R.open_run(out, config) as second:
         pass
-    stored = json.loads((out / B.CONFIG).read_text())
+    stored = json.loads((out / R.CONFIG).read_text())
     assert {k: v for k, v in stored.items() if k != "runs"} == config  # what is compared is unchanged
     runs = stored["runs"]
     assert [r["id"] for r in runs] == [first.run_id, second.run_id] and first.run_id != second.run_id
@@ -346,9 +352,9 @@ def test_each_run_records_its_provenance_and_a_resume_still_matches(tmp_path, mo
     shipped = D.data_file("gsm8k_test.jsonl")
     assert one["data_files"] == {"gsm8k_test.jsonl": {"path": str(Path(shipped).resolve()),
                                                       "sha256": hashlib.sha256(Path(shipped).read_bytes()).hexdigest()}}
-    assert {r["run_id"] for r in B.ResultsFile(out / B.RESULTS).read()} == {first.run_id}  # each row names its run
+    assert {r["run_id"] for r in R.ResultsFile(out / R.RESULTS).read()} == {first.run_id}  # each row names its run
     with pytest.raises(LoosespecError, match="max_new_tokens: 8 there, 9 now"):  # the settings still are compared
-        B.open_run(out, {**config, "max_new_tokens": 9})
+        R.open_run(out, {**config, "max_new_tokens": 9})
 
 
 def test_provenance_is_never_an_error(tmp_path, monkeypatch):
@@ -361,21 +367,21 @@ def test_provenance_is_never_an_error(tmp_path, monkeypatch):
             raise FileNotFoundError("git")
         return real(cmd, *a, **k)
 
-    monkeypatch.setattr(B.subprocess, "run", no_git)
-    p = B.run_provenance({"target": "/no/such/model.gguf", "draft": None, "dataset": "toy"})
+    monkeypatch.setattr(P.subprocess, "run", no_git)
+    p = P.run_provenance({"target": "/no/such/model.gguf", "draft": None, "dataset": "toy"})
     assert p["git_commit"] is None and p["git_dirty"] is None and p["data_files"] == {}
     assert p["models"]["draft"] is None and p["models"]["target"]["spec"] == "/no/such/model.gguf"
-    monkeypatch.setattr(B.subprocess, "run", real)
+    monkeypatch.setattr(P.subprocess, "run", real)
     # run from an installed copy inside some other repository: no commit is claimed
-    monkeypatch.setattr(B, "_git", lambda args, cwd: str(tmp_path) if args[0] == "rev-parse" else "")
-    assert B.source_checkout() == {"git_commit": None, "git_dirty": None}
+    monkeypatch.setattr(P, "_git", lambda args, cwd: str(tmp_path) if args[0] == "rev-parse" else "")
+    assert P.source_checkout() == {"git_commit": None, "git_dirty": None}
     checkout = Path(loosespec.__file__).resolve().parent.parent
     answers = {"--show-toplevel": str(checkout), "HEAD": "a" * 40}
-    monkeypatch.setattr(B, "_git", lambda args, cwd: answers.get(args[-1], " M loosespec/cli.py"))
-    assert B.source_checkout() == {"git_commit": "a" * 40, "git_dirty": True}
+    monkeypatch.setattr(P, "_git", lambda args, cwd: answers.get(args[-1], " M loosespec/cli.py"))
+    assert P.source_checkout() == {"git_commit": "a" * 40, "git_dirty": True}
     # niah's haystack is not shipped: recorded as missing, not raised
     monkeypatch.delenv("LOOSESPEC_DATA", raising=False)
-    assert "error" in B.data_provenance("niah", tmp_path)["paul_graham_essays.jsonl"]
+    assert "error" in P.data_provenance("niah", tmp_path)["paul_graham_essays.jsonl"]
 
 
 def test_the_provenance_names_the_files_each_loader_reads(monkeypatch):
@@ -389,9 +395,9 @@ def test_the_provenance_names_the_files_each_loader_reads(monkeypatch):
         raise Read
 
     monkeypatch.setattr(D, "_load", record)
-    assert set(B.DATASET_FILES) == set(D.DATASETS)
+    assert set(P.DATASET_FILES) == set(D.DATASETS)
     for name in D.DATASETS:
         read.clear()
         with pytest.raises(Read):
             D.load_dataset(name, 1)
-        assert tuple(read) == B.DATASET_FILES[name], name
+        assert tuple(read) == P.DATASET_FILES[name], name

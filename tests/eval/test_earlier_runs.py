@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loosespec.eval.harness import pooled_mean_accepted_length
+from loosespec.eval.stats import pooled_mean_accepted_length
 
 ROOT = Path(__file__).resolve().parents[2]
 

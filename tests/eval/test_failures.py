@@ -8,19 +8,22 @@ import json
 import pytest
 
 from loosespec.eval import failures as F
-from loosespec.eval import harness as B
+from loosespec.eval import bench_methods as M
+from loosespec.eval import report as RP
+from loosespec.eval import results as R
+from loosespec.eval import stats as S
 
 
 def row(qid, method, ids, score, output=None, stats=None, answer="18"):
-    return {"question_id": qid, "category": "gsm8k", "method": method, "lossy": B.is_lossy(method),
+    return {"question_id": qid, "category": "gsm8k", "method": method, "lossy": M.is_lossy(method),
             "wall_time": 1.0, "token_ids": ids, "new_tokens": len(ids), "rounds": len(ids), "accept_lengths": [],
             "score": score, "drafted_tokens": None, "accepted_tokens": None, "stats": stats or {},
             "output": output if output is not None else " ".join(map(str, ids)), "answer": answer}
 
 
 def write(tmp_path, rows, budget=40, dataset="gsm8k"):
-    (tmp_path / B.CONFIG).write_text(json.dumps({"max_new_tokens": budget, "dataset": dataset}))
-    with open(tmp_path / B.RESULTS, "w") as f:
+    (tmp_path / R.CONFIG).write_text(json.dumps({"max_new_tokens": budget, "dataset": dataset}))
+    with open(tmp_path / R.RESULTS, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return tmp_path
@@ -147,9 +150,9 @@ def test_retention_verdicts(tmp_path):
 
 def test_mcnemar_in_the_summary_and_its_table():
     rows = [row(f"q{i}", "ar", [1], True) for i in range(5)] + [row(f"q{i}", "fly-mla", [2], False) for i in range(5)]
-    s = B.summarize(rows)["methods"]["fly-mla"]
+    s = S.summarize(rows)["methods"]["fly-mla"]
     assert s["mcnemar_p"] == pytest.approx(2 / 32)
-    assert "| McNemar p |" in B.format_table(B.summarize(rows)) and "| 0.0625 |" in B.format_table(B.summarize(rows))
+    assert "| McNemar p |" in RP.format_table(S.summarize(rows)) and "| 0.0625 |" in RP.format_table(S.summarize(rows))
 
 
 def test_report_failures_on_the_command_line(tmp_path):
@@ -170,8 +173,8 @@ def _seed_run(d, seed, outcomes, temperature=0.7):
     rows = [r for i, (a, m) in enumerate(outcomes)
             for r in (row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [2], m))]
     write(d, rows)
-    cfg = json.loads((d / B.CONFIG).read_text())
-    (d / B.CONFIG).write_text(json.dumps({**cfg, "seed": seed, "temperature": temperature}))
+    cfg = json.loads((d / R.CONFIG).read_text())
+    (d / R.CONFIG).write_text(json.dumps({**cfg, "seed": seed, "temperature": temperature}))
     return d
 
 

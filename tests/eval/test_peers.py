@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from loosespec.eval import harness as bench
+from loosespec.eval import bench_methods as bench
 from loosespec.errors import LoosespecError
 from loosespec.eval.peers.llamacpp import LlamaCppPeer, gguf_file
 

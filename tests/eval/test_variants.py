@@ -9,25 +9,28 @@ import pytest
 from conftest import run_cli as cli
 
 from loosespec.errors import LoosespecError
-from loosespec.eval import harness as B
+from loosespec.eval import bench_methods as M
+from loosespec.eval import report as RP
+from loosespec.eval import results as R
+from loosespec.eval import stats as S
 from test_bench import bench_args, row
 
 
 def cfg(name):
-    return B.method_config(name, max_new_tokens=16, temperature=0.0, seed=0, has_draft=False)
+    return M.method_config(name, max_new_tokens=16, temperature=0.0, seed=0, has_draft=False)
 
 
 def test_a_variant_sets_its_knob_and_keeps_its_method():
-    m = B.bench_method("fly-ngram@num_draft_tokens=5@fly_entropy_threshold=0.6")
+    m = M.bench_method("fly-ngram@num_draft_tokens=5@fly_entropy_threshold=0.6")
     assert (m.method, m.drafter, m.lossy) == ("fly", "ngram", True)
     c = cfg(m.name)
     assert (c.num_draft_tokens, c.fly_entropy_threshold) == (5, 0.6)
     assert cfg("fly-ngram").num_draft_tokens != 5  # the plain name keeps the defaults
-    assert B.bench_method("exact-ngram@num_draft_tokens=4").lossy is False
+    assert M.bench_method("exact-ngram@num_draft_tokens=4").lossy is False
     # a preset's own settings survive a variant of it
     assert cfg("specguard-regenerate@sg_candidates=2").sg_on_reject == "regenerate"
-    assert B.variant_knobs("fly-ngram@num_draft_tokens=5") == {"num_draft_tokens": "5"}
-    assert B.base_name("fly-ngram@num_draft_tokens=5") == "fly-ngram"
+    assert M.variant_knobs("fly-ngram@num_draft_tokens=5") == {"num_draft_tokens": "5"}
+    assert M.base_name("fly-ngram@num_draft_tokens=5") == "fly-ngram"
 
 
 @pytest.mark.parametrize("name,says", [
@@ -41,11 +44,11 @@ def test_a_variant_sets_its_knob_and_keeps_its_method():
 ])
 def test_bad_variants_are_clear_errors(name, says):
     with pytest.raises(LoosespecError, match=says):
-        B.parse_methods(["ar", name])
+        M.parse_methods(["ar", name])
 
 
 def test_sweep_expands_loosespec_methods_and_keeps_ar_and_peers():
-    got = B.sweep_methods(["ar", "fly-ngram", "hf-pld"], "num_draft_tokens", ["5", "10"])
+    got = M.sweep_methods(["ar", "fly-ngram", "hf-pld"], "num_draft_tokens", ["5", "10"])
     assert got == ["ar", "fly-ngram@num_draft_tokens=5", "fly-ngram@num_draft_tokens=10", "hf-pld"]
 
 
@@ -53,7 +56,7 @@ def test_sweeps_group_variants_by_knob_and_sort_by_value():
     names = ["ar", "fly-ngram@num_draft_tokens=10", "fly-ngram@num_draft_tokens=5", "exact-ngram@num_draft_tokens=5",
              "fly-mla@fly_sampling=rejection", "fly-mla@fly_sampling=two-sample"]
     # exact-ngram has one value (no line), fly_sampling is categorical (no axis)
-    assert B.sweeps(names) == {"num_draft_tokens": {"fly-ngram": [(5.0, "fly-ngram@num_draft_tokens=5"),
+    assert RP.sweeps(names) == {"num_draft_tokens": {"fly-ngram": [(5.0, "fly-ngram@num_draft_tokens=5"),
                                                                  (10.0, "fly-ngram@num_draft_tokens=10")]}}
 
 
@@ -70,8 +73,8 @@ def test_sweep_plot_draws_every_run_and_nothing_else(tmp_path, monkeypatch):
     a, b = "fly-ngram@fly_entropy_threshold=0.3", "fly-ngram@fly_entropy_threshold=0.6"
     rows = [row("q1", "ar", 10.0, [1, 2], True), row("q1", a, 5.0, [1, 2], True, rounds=1),
             row("q1", b, 4.0, [1, 3], False, rounds=1)]
-    summary = B.summarize(rows)
-    paths = B.plot(rows, summary, tmp_path)
+    summary = S.summarize(rows)
+    paths = RP.plot(rows, summary, tmp_path)
     assert tmp_path / "speedup_by_fly_entropy_threshold.png" in paths
     assert drawn == [([0.3, 0.6], [2.0, 2.5])]
 
@@ -82,7 +85,7 @@ def test_bench_sweep_runs_each_value_and_plots_it(tiny_dir, tmp_path):
     cmd.remove("--no-plots")
     r = cli(*cmd, "--sweep", "num_draft_tokens=2,4")
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for x in (out / B.RESULTS).read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / R.RESULTS).read_text().splitlines()]
     assert sorted(x["method"] for x in rows) == ["ar", "fly-ngram@num_draft_tokens=2", "fly-ngram@num_draft_tokens=4"]
     assert all(x["lossy"] for x in rows if x["method"] != "ar")
     assert (out / "speedup_by_num_draft_tokens.png").exists()

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from loosespec.eval import harness as B
+from loosespec.eval import bench_methods as M
+from loosespec.eval import harness as H
+from loosespec.eval import report as RP
+from loosespec.eval import results as R
+from loosespec.eval import stats as S
 from loosespec.errors import LoosespecError
 from loosespec.eval.peers.vllm import VllmServer, VllmSettings, server_command, speculative_config
 
@@ -58,8 +62,8 @@ def test_server_commands_per_method():
     assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly
     with pytest.raises(LoosespecError, match="needs a draft model"):
         speculative_config("vllm-draft", VllmSettings(target="/m/target", draft=None))
-    assert B.is_lossy("vllm-fly") and B.is_lossy("vllm-fly-ngram") and not B.is_lossy("vllm-draft")
-    assert B.parse_methods("vllm-ar,vllm-fly") == ["ar", "vllm-ar", "vllm-fly"]
+    assert M.is_lossy("vllm-fly") and M.is_lossy("vllm-fly-ngram") and not M.is_lossy("vllm-draft")
+    assert M.parse_methods("vllm-ar,vllm-fly") == ["ar", "vllm-ar", "vllm-fly"]
 
 
 def test_missing_vllm_is_a_clear_error(tmp_path):
@@ -76,17 +80,17 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     problems = [Problem(i) for i in range(3)]
     settings = {"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin)
-    rows = B.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
+    rows = H.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
                        settings=settings, encode=lambda p: list(range(10, 20 + int(p.id[1:]))),
                        scorer=lambda p, text: "rule=fly" not in text, model_id="target", progress=False, vllm=vllm)
-    assert len(rows) == 9 and len(B.ResultsFile(tmp_path / B.RESULTS).read()) == 9
+    assert len(rows) == 9 and len(R.ResultsFile(tmp_path / R.RESULTS).read()) == 9
     by = {(r["question_id"], r["method"]): r for r in rows}
     fly = by[("p1", "vllm-fly")]
     assert fly["lossy"] and fly["output"].startswith("rule=fly") and fly["token_ids"] == list(range(20, 12, -1))
     assert by[("p1", "vllm-draft")]["output"].startswith("rule=standard")
     assert fly["drafted_tokens"] == 2 * 15 and fly["accepted_tokens"] == 8 - 2 and fly["rounds"] == 2
     assert by[("p1", "vllm-ar")]["rounds"] == 8 and by[("p1", "vllm-ar")]["drafted_tokens"] == 0
-    summary = B.summarize(rows)
+    summary = S.summarize(rows)
     assert summary["methods"]["vllm-fly"]["baseline"] == "vllm-ar"
     assert summary["methods"]["vllm-fly"]["mean_accepted_length"] == 4.0
     assert summary["methods"]["vllm-fly"]["recovery"] == 0.0  # the toy scorer fails every fly output
@@ -94,7 +98,7 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     log = (tmp_path / "vllm.log").read_text()
     assert log.count("# ") >= 3 and '"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly"' in log
     # resuming: nothing left to run, no server started
-    again = B.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
+    again = H.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
                         settings=settings, encode=lambda p: [1, 2], scorer=lambda p, t: None, model_id="target",
                         progress=False, vllm=VllmSettings(target="t", draft="d", vllm_bin=str(tmp_path / "absent")))
     assert len(again) == 9
@@ -104,19 +108,19 @@ def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
     problems = [Problem(i) for i in range(3)]
     settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin, concurrency=2)
-    rows = B.run_bench(None, problems, ["vllm-ar", "vllm-draft"], tmp_path, dataset="toy", settings=settings,
+    rows = H.run_bench(None, problems, ["vllm-ar", "vllm-draft"], tmp_path, dataset="toy", settings=settings,
                        encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target",
                        progress=False, vllm=vllm)
     draft = [r for r in rows if r["method"] == "vllm-draft"]
     assert [r["stats"]["block"]["requests"] for r in draft] == [2, 2, 1]
     assert draft[0]["stats"]["block"]["vllm_counters"]["drafts"] == 4  # two requests of 6 tokens: 2 steps each
     assert draft[0]["rounds"] == 2 and draft[0]["config"]["server"]["concurrency"] == 2
-    s = B.summarize(rows)["methods"]["vllm-draft"]
+    s = S.summarize(rows)["methods"]["vllm-draft"]
     assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
     blocks = {r["stats"]["block"]["makespan_s"]: r["stats"]["block"]["vllm_counters"] for r in draft}
     assert len(blocks) == 2 and s["acceptance_rate"] == pytest.approx(
         sum(c["accepted"] for c in blocks.values()) / sum(c["draft_tokens"] for c in blocks.values()), abs=1e-4)
-    table = B.format_table(B.summarize(rows)).splitlines()
+    table = RP.format_table(S.summarize(rows)).splitlines()
     assert "| throughput tok/s |" in table[0] and table[0].count("|") == table[1].count("|") == table[2].count("|")
     draft_row = next(line for line in table if line.startswith("| vllm-draft |"))
     assert draft_row.split(" | ")[4] == f"{s['throughput_tokens_per_s']:.2f}"
@@ -192,7 +196,7 @@ def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, m
     problems = [Problem(i) for i in range(2)]
     settings = {"max_new_tokens": 4, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     lines = []
-    B.run_bench(None, problems, ["vllm-ar"], tmp_path, dataset="toy", settings=settings,
+    H.run_bench(None, problems, ["vllm-ar"], tmp_path, dataset="toy", settings=settings,
                 encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target", progress=False,
                 vllm=s, log=lines.append)
     assert calls == ["empty"] and any("--gpu-memory-utilization 0.375" in line for line in lines)

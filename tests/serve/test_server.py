@@ -29,7 +29,8 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from loosespec.serve.app import CommonFields, ServerSettings, create_app, make_server  # noqa: E402
+from loosespec.serve.app import create_app, make_server  # noqa: E402
+from loosespec.serve.protocol import CommonFields, ServerSettings  # noqa: E402
 
 KEY = "test-key-123"
 TINY_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
@@ -844,7 +845,7 @@ def test_host_and_origin_are_checked_against_dns_rebinding(tiny):
 
 
 def test_allow_origin(tiny):
-    from loosespec.serve.app import parse_allow_origins
+    from loosespec.serve.access import parse_allow_origins
 
     assert parse_allow_origins(["http://ui.example:3000/, gpu-box.lan", "*", "gpu-box.lan"]) == (
         "http://ui.example:3000", "gpu-box.lan", "*")

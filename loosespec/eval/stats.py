@@ -1,0 +1,251 @@
+"""Statistics of a results folder's rows: per method against its baseline (speedup with a bootstrap interval,
+accuracy with a Wilson interval, retention, McNemar's exact test), per category and per machine
+(:func:`summarize`).
+
+Summary metrics, per method over the prompts it shares with its baseline (``ar``; ``vllm-ar`` for the
+``vllm-*`` methods when it ran, named in the summary's ``baseline``); "``ar``" below means that baseline:
+
+- ``speedup`` = total ``ar`` wall time / total method wall time, with a 95% bootstrap interval
+  over prompts (``speedup_ci95``), over the prompts where both rows ran on the same machine (every row
+  records its ``hardware``; ``timed_prompts`` counts them when some did not; a directory timed on several
+  machines also gets ``machines``: rows, speedup and tok/s per machine);
+- ``tokens_per_s`` = new tokens / wall time (over the same prompts);
+- ``mean_accepted_length`` = emitted tokens / rounds over all rounds (Spec-Bench's and vLLM's tau;
+  1 for ``ar``; for the peers from the chunks ``generate`` streams per step);
+- ``acceptance_rate`` = accepted draft tokens / drafted tokens (loosespec methods);
+- ``accuracy`` (scored datasets; over the pairs where both rows have a verdict: rows whose scoring failed are
+  left out and counted in ``score_errors``) with a 95% Wilson interval, ``recovery`` = accuracy / ``ar``
+  accuracy, the paired counts ``ar_right_method_wrong`` and ``ar_wrong_method_right`` and McNemar's exact
+  p-value on them (``mcnemar_p``: two-sided binomial test of the discordant pairs, 1 when there are none);
+- ``identical_to_ar`` = share of outputs whose token ids equal ``ar``'s;
+- what actually ran, for the methods with a cost-aware drafter: ``draft_levels``, the share of rounds
+  that drafted with the n-gram lookup alone, with the draft model, or not at all (``rounds_explore``:
+  rounds a loose rule explored a long draft); for FLy, ``fly_deferrable_rounds`` (rounds whose draft was
+  long enough to defer anywhere), ``fly_deferred``, the official counters ``fly_initial_mismatches`` and
+  ``fly_window_rescues``, and ``fly_window_meaning`` (what ``fly_window_size`` counted: ``subsequent``
+  positions, or ``counting the mismatch`` in rows written before 2026-12-04).
+
+The summary counts a repeated (question, method) pair once (a row with a verdict before one whose scoring
+failed, else the first written), warns how many were repeated and records the count (``repeated_pairs``), so
+n, accuracy and McNemar never count a pair twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+
+from loosespec.eval.bench_methods import baseline_of
+from loosespec.eval.results import LEGACY_WINDOW_MEANING, score_status, unique_rows
+from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS
+
+
+DRAFT_LEVELS = ("lookup", "model", "none")  # loosespec.decode.draftlen's rounds_<level> counters
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """95% Wilson score interval of a proportion k/n."""
+    if n == 0:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """McNemar's exact test of paired right/wrong outcomes: the two-sided binomial p-value of ``b`` discordant
+    pairs one way against ``c`` the other under p = 1/2 (scipy's ``binomtest``); 1.0 without discordant pairs."""
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(b, b + c, 0.5).pvalue)
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000,
+                    seed: int = 0) -> tuple | None:  # the resampling's seed (not a knob)
+    """95% percentile bootstrap interval of sum(num)/sum(den), resampling paired items.
+
+    Seeded, so a function of its arguments: remembered per process (a report summarises each method once
+    per table and again per category and retention check; 0.1 s each at n = 100)."""
+    return _bootstrap_ratio(tuple(num), tuple(den), reps, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bootstrap_ratio(num: tuple, den: tuple, reps: int, seed: int) -> tuple | None:
+    n = len(num)
+    if n < 2:
+        return None
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(den[i] for i in idx)
+        if d > 0:
+            stats.append(sum(num[i] for i in idx) / d)
+    stats.sort()
+    return round(stats[int(0.025 * (len(stats) - 1))], 3), round(stats[int(0.975 * (len(stats) - 1))], 3)
+
+
+def pooled_mean_accepted_length(new_tokens: Sequence[int], rounds: Sequence[int]) -> float | None:
+    """Spec-Bench's mean accepted length over several generations: all emitted tokens / all rounds (pooled,
+    not the mean of per-prompt values). The one definition every report of this project uses."""
+    total = sum(rounds)
+    return round(sum(new_tokens) / total, 4) if total else None
+
+
+def machine_label(hw: dict | None) -> str:
+    """One line naming what a row's timing ran on, e.g. ``Intel(R) Xeon(R) Processor (avx2 avx512f; 2 threads)``
+    (``hw`` is a row's ``hardware``; rows written without one read ``unrecorded``). Two rows are timed on the
+    same machine when their labels are equal."""
+    if not hw:
+        return "unrecorded"
+    label = f"{hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags') or []) or 'no flags of note'}; " \
+            f"{hw.get('threads', '?')} threads)"
+    return label + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
+
+
+def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
+    paired = [r for r in mine if r["question_id"] in ar]
+    # a results directory may grow over sessions on different machines: a method's time is compared with
+    # ar's on the same prompt only where both ran on the same machine (``timed_prompts`` says how many did)
+    timed = [r for r in paired if machine_label(r.get("hardware")) == machine_label(ar[r["question_id"]].get("hardware"))]
+    wall = sum(r["wall_time"] for r in timed)
+    ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in timed)
+    toks = sum(r["new_tokens"] for r in timed)
+    drafted = [r["drafted_tokens"] for r in paired if r.get("drafted_tokens") is not None]
+    accepted = [r["accepted_tokens"] for r in paired if r.get("accepted_tokens") is not None]
+    s = {
+        "prompts": len(paired), "lossy": any(r["lossy"] for r in mine),
+        "speedup": round(ar_wall / wall, 4) if wall > 0 else None,
+        "speedup_ci95": bootstrap_ratio([ar[r["question_id"]]["wall_time"] for r in timed],
+                                        [r["wall_time"] for r in timed]),
+        "wall_s": round(wall, 3), "new_tokens": toks,
+        "tokens_per_s": round(toks / wall, 4) if wall > 0 else None,
+        "mean_accepted_length": pooled_mean_accepted_length([r["new_tokens"] for r in paired],
+                                                            [r["rounds"] for r in paired]),
+        "acceptance_rate": round(sum(accepted) / sum(drafted), 4) if drafted and sum(drafted) else None,
+        "identical_to_ar": round(sum(r["token_ids"] == ar[r["question_id"]]["token_ids"] for r in paired)
+                                 / len(paired), 4) if paired else None,
+    }
+    if len(timed) < len(paired):
+        s["timed_prompts"] = len(timed)
+    # a verdict on both sides: a row whose scoring failed (score_status "error") is no answer, left out and counted
+    answered = ("right", "wrong")
+    scored = [(score_status(r) == "right", score_status(ar[r["question_id"]]) == "right") for r in paired
+              if score_status(r) in answered and score_status(ar[r["question_id"]]) in answered]
+    errors = sum(score_status(r) == "error" for r in mine)
+    if errors:
+        s["score_errors"] = errors
+    if scored:
+        right = sum(m for m, _ in scored)
+        ar_right = sum(a for _, a in scored)
+        acc, ar_acc = right / len(scored), ar_right / len(scored)
+        s.update({
+            "scored": len(scored), "accuracy": round(acc, 4), "accuracy_ci95": wilson(right, len(scored)),
+            "ar_accuracy": round(ar_acc, 4), "recovery": round(acc / ar_acc, 4) if ar_acc else None,
+            "ar_right_method_wrong": sum(a and not m for m, a in scored),
+            "ar_wrong_method_right": sum(m and not a for m, a in scored),
+        })
+        s["mcnemar_p"] = mcnemar_exact(s["ar_right_method_wrong"], s["ar_wrong_method_right"])
+    blocks = {(b["makespan_s"], b["new_tokens"]): b["vllm_counters"]
+              for r in paired if (b := r.get("stats", {}).get("block"))}
+    if blocks:  # vLLM under concurrent load: tokens of all requests / time the blocks took
+        s["throughput_tokens_per_s"] = round(sum(t for _, t in blocks) / sum(m for m, _ in blocks), 4)
+        drafted_in_blocks = sum(c["draft_tokens"] for c in blocks.values())
+        if s["acceptance_rate"] is None and drafted_in_blocks:  # rows cannot split the counters; blocks can
+            s["acceptance_rate"] = round(sum(c["accepted"] for c in blocks.values()) / drafted_in_blocks, 4)
+    steps = [r["stats"].get("steps") for r in paired if r.get("stats", {}).get("steps")]
+    if steps:
+        s["step_accept_rate"] = round(sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps"))
+                                      / sum(steps), 4)
+    # fly_prefix_mismatches was fly_mismatches in rows written before 2026-12-01 (renamed: not the paper's count)
+    fly = {"fly_prefix_mismatches": sum(r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0))
+                                        for r in paired),
+           "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired)}
+    for name in FLY_GUARD_COUNTERS:  # only when FLy's copy guard was on (--fly-copy-guard)
+        if any(name in r["stats"] for r in paired):
+            fly[name] = sum(r["stats"].get(name, 0) for r in paired)
+    for name in FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS:  # rows written before 2026-12-04 lack them
+        if any(name in r["stats"] for r in paired):
+            fly[name] = sum(r["stats"].get(name, 0) for r in paired)
+    if fly["fly_prefix_mismatches"] or any(r.get("config", {}).get("method") == "fly" for r in paired):
+        s.update(fly)
+        meanings = {r.get("config", {}).get("fly_window_meaning", LEGACY_WINDOW_MEANING) for r in paired}
+        s["fly_window_meaning"] = meanings.pop() if len(meanings) == 1 else "mixed"
+    s.update(_levels(paired))
+    return s
+
+
+def _levels(rows: list[dict]) -> dict:
+    """The share of rounds per draft level (``draft_levels``), and the exploration rounds, over rows with counts."""
+    counts = {lv: sum(r.get("stats", {}).get(f"rounds_{lv}", 0) for r in rows) for lv in DRAFT_LEVELS}
+    total = sum(counts.values())
+    if not total:
+        return {}
+    out = {"draft_levels": {lv: round(c / total, 4) for lv, c in counts.items()}, "level_rounds": total}
+    explore = sum(r.get("stats", {}).get("rounds_explore", 0) for r in rows)
+    if explore:
+        out["rounds_explore"] = explore
+    return out
+
+
+def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dict:
+    """Per method (``methods``) and per category (``categories``); see the module docstring. A repeated
+    (question, method) pair counts once (:func:`unique_rows`, with a warning; ``repeated_pairs``)."""
+    rows, repeated = unique_rows(rows)
+    methods = list(methods or dict.fromkeys(r["method"] for r in rows))
+    present = {r["method"] for r in rows}
+    base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in ("ar", "vllm-ar")}
+    out = {"methods": {}, "categories": {}}
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        if mine:
+            b = baseline_of(m, present)
+            out["methods"][m] = {**_method_summary(mine, base[b]), **({"baseline": b} if b != "ar" else {})}
+    for cat in sorted({r["category"] for r in rows}):
+        out["categories"][cat] = {}
+        for m in methods:
+            mine = [r for r in rows if r["method"] == m and r["category"] == cat]
+            if mine:
+                b = baseline_of(m, present)
+                cat_base = {q: r for q, r in base[b].items() if r["category"] == cat}
+                out["categories"][cat][m] = _method_summary(mine, cat_base)
+    machines = dict.fromkeys(machine_label(r.get("hardware")) for r in rows)
+    if len(machines) > 1:  # speed per machine (accuracy is the whole set's, above)
+        out["machines"] = {}
+        for label in machines:
+            here = [r for r in rows if machine_label(r.get("hardware")) == label]
+            on = {"rows": len(here), "methods": {}}
+            here_base = {b: {r["question_id"]: r for r in here if r["method"] == b} for b in base}
+            for m in methods:
+                mine = [r for r in here if r["method"] == m]
+                if mine and here_base[baseline_of(m, present)]:
+                    ms = _method_summary(mine, here_base[baseline_of(m, present)])
+                    on["methods"][m] = {k: ms[k] for k in ("prompts", "speedup", "speedup_ci95", "tokens_per_s")}
+            out["machines"][label] = on
+    if repeated:
+        out["repeated_pairs"] = repeated
+    return out
+
+
+def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
+    """Per method, pooled over its rows: accepted / drafted at each draft position (rows with the counts)."""
+    drafted: dict[str, list[int]] = defaultdict(list)
+    accepted: dict[str, list[int]] = defaultdict(list)
+    for r in rows:
+        st = r.get("stats") or {}
+        d, a = st.get("num_drafted_per_pos"), st.get("num_accepted_tokens_per_pos")
+        if not d or a is None:
+            continue
+        for counts, new in ((drafted[r["method"]], d), (accepted[r["method"]], a)):
+            counts.extend([0] * (len(new) - len(counts)))
+            for i, x in enumerate(new):
+                counts[i] += x
+    return {m: [a / d for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
+            for m in drafted if any(drafted[m])}

@@ -1,0 +1,109 @@
+"""Prometheus metrics (:class:`Metrics`, vLLM's names under ``loosespec:``) and the per-response
+``metrics.speculative_decoding`` block (:func:`speculative_metrics`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from loosespec.config import DecodeConfig
+from loosespec.methods import ALL_COUNTERS, METHODS
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """Prometheus metrics in the app's own registry (not the process-global one).
+
+    Names follow vLLM's (``vllm:prompt_tokens``, ``vllm:spec_decode_num_drafts``, ...) under a
+    ``loosespec:`` prefix, with vLLM's definitions: the speculative-decoding counters are counts
+    (drafts, draft tokens, accepted tokens, accepted tokens per draft position), and rates are
+    derived from them as vLLM derives them (acceptance rate = accepted / draft tokens, mean
+    acceptance length = 1 + accepted / drafts). Metrics vLLM has no name for keep loosespec's own.
+    """
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        m = ("method",)
+        p = "loosespec:"
+        self.requests = Counter(p + "http_requests", "HTTP requests to /v1/* by endpoint and status code",
+                                ("endpoint", "status"), registry=r)
+        self.finished = Counter(p + "request_success", "Generations run to the end, by method and finish reason "
+                                "(vLLM's vllm:request_success)", ("method", "finished_reason"), registry=r)
+        self.cancelled = Counter(p + "requests_cancelled", "Generations stopped (or dropped from the queue) "
+                                 "because the client disconnected", registry=r)
+        self.failed = Counter(p + "requests_failed", "Generations that ended with an error", registry=r)
+        self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting for the worker", registry=r)
+        self.running = Gauge(p + "num_requests_running", "Generations running (0 or 1)", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", m, registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", m, registry=r)
+        self.num_drafts = Counter(p + "spec_decode_num_drafts", "Rounds that drafted at least one token (an "
+                                  "accepted SpecGuard step counts as one)", m, registry=r)
+        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", m, registry=r)
+        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", m,
+                                           registry=r)
+        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
+                                        "each draft position (0-based)", ("method", "position"), registry=r)
+        # each rule counter a method of the registry reports (loosespec.methods), by method
+        self.rule_counters = {name: Counter(p + name, f"{name} summed over rounds (the rule's own counter; see "
+                                            "loosespec.decode.stats)", m, registry=r) for name in ALL_COUNTERS}
+        self.sg_steps = Counter(p + "specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
+        self.sg_accepted = Counter(p + "specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted",
+                                   registry=r)
+        self.latency = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token", ("endpoint",),
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(p + "request_queue_time_seconds", "Arrival to start of generation",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first committed token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.generation_time = Histogram(p + "request_inference_time_seconds", "Generation wall time (prefill + "
+                                         "decode)", m, buckets=_LATENCY_BUCKETS, registry=r)
+
+    def record(self, job: "Job", stats) -> None:
+        """Token-level counters of one generation, finished or not (called from the worker)."""
+        s, method = stats, job.cfg.method
+        self.prompt_tokens.labels(method).inc(s.prompt_tokens)
+        self.generation_tokens.labels(method).inc(s.new_tokens)
+        self.num_drafts.labels(method).inc(s.drafts)
+        self.num_draft_tokens.labels(method).inc(s.drafted_tokens)
+        self.num_accepted_tokens.labels(method).inc(s.accepted_tokens)
+        for pos, count in enumerate(s.accepted_at):
+            self.accepted_per_pos.labels(method, str(pos)).inc(count)
+        for name in METHODS[method].counters:
+            self.rule_counters[name].labels(method).inc(s.events.get(name, 0))
+        if s.steps:
+            self.sg_steps.inc(len(s.steps))
+            self.sg_accepted.inc(sum(1 for r in s.steps if r["accepted"]))
+        self.generation_time.labels(method).observe(s.wall_s)
+
+
+def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
+    """Per-response ``metrics.speculative_decoding``: vLLM's counter names and definitions, plus loosespec's.
+
+    Counts as vLLM counts them: ``num_drafts`` (rounds that drafted; an accepted SpecGuard step is one),
+    ``num_draft_tokens``, ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``; rates derived as vLLM
+    derives them: ``draft_acceptance_rate`` = accepted / draft tokens, ``mean_acceptance_length`` =
+    1 + accepted / drafts (1 when nothing was drafted), ``per_position_acceptance_rate[i]`` = accepted
+    at position i / drafts. ``num_rounds`` is loosespec's: target verification rounds (drafting or not)
+    plus accepted SpecGuard steps; ``completion_tokens / num_rounds`` is Spec-Bench's mean accepted length.
+    """
+    s = result_stats
+    drafts = s.drafts
+    spec = {
+        "method": cfg.method, "drafter": cfg.drafter, "lossy": cfg.lossy,
+        "num_drafts": drafts,
+        "num_draft_tokens": s.drafted_tokens,
+        "num_accepted_tokens": s.accepted_tokens,
+        "num_accepted_tokens_per_pos": list(s.accepted_at),
+        "draft_acceptance_rate": round(s.acceptance_rate, 4),
+        "mean_acceptance_length": round(1 + s.accepted_tokens / drafts, 4) if drafts else 1.0,
+        "per_position_acceptance_rate": [round(a / drafts, 4) for a in s.accepted_at] if drafts else [],
+        "num_rounds": s.rounds,
+        "target_forwards": s.target_forwards,
+        "draft_forwards": s.draft_forwards,
+    }
+    d = s.to_dict()
+    for k in (*ALL_COUNTERS, "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
+              "mean_grounding", "mean_confidence", "mean_score"):  # the rules' counters (FLy's), SpecGuard's steps
+        if k in d:
+            spec[k if k.startswith("fly_") else f"sg_{k}"] = d[k]
+    return spec
