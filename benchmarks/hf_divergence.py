@@ -8,7 +8,7 @@ evidence run and shows, on the precision ``--dtype auto`` picks here:
    loosespec's cache fed as ``generate`` feeds it (the whole prompt in one forward, then one token at a time):
    the largest logit difference to ``generate``'s over every step before it, and the token each picks there.
    ``ar`` (every loosespec method) prefills the prompt without its last token and feeds that token with the
-   first drafts (``loosespec.decode.engine.decode``; ``loosespec.quant``'s row-wise attention), so all its
+   first drafts (``loosespec.decode.loop.decode``; ``loosespec.quant``'s row-wise attention), so all its
    methods compute every position alike.
 2. ``hf-assist`` (transformers' assisted generation) against ``hf-ar``: the first differing token, the
    target's attention calls by number of queries and whether their mask is the plain causal one, and, for every

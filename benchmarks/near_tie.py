@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from loosespec.eval.datasets import gsm8k
+from loosespec.eval.loaders import gsm8k
 from loosespec.models import load
 from loosespec.decode.text import encode_prompt
 

@@ -12,6 +12,11 @@ Library entry points::
 
 __version__ = "0.1.0"
 
+from loosespec.log import configure_on_import as _configure_logging
+
+# the loosespec.* loggers: plain messages on stderr at $LOOSESPEC_LOGGING_LEVEL (INFO); loosespec/log.py
+_configure_logging()
+
 __all__ = ["Engine", "DecodeConfig", "GenerationResult", "LoosespecError", "__version__"]
 
 # Imported on first use (PEP 562): the acceptance rules (loosespec.verify) and the vLLM plugin

@@ -3,7 +3,7 @@
 Each field of :class:`DecodeConfig` is declared with :func:`knob`: its default, help text,
 bounds or choices (validated by pydantic), and where it appears. Everything else derives from
 that one declaration: the CLI options of ``generate``, ``serve``, ``calibrate`` and ``bench``
-(:func:`loosespec.cli.knob_options`), the server's request model (``loosespec.serve.protocol``), the
+(:func:`loosespec.cli.options.knob_options`), the server's request model (``loosespec.serve.protocol``), the
 vLLM plugin's FLy settings (``loosespec.integrations.vllm.rule``) and the errors. Adding a knob is one
 :func:`knob` line (plus the code that uses it).
 
@@ -24,6 +24,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
+from loosespec.drafters import DRAFTERS as _DRAFTER_TABLE
+from loosespec.drafters import default_drafter as _default_drafter
 from loosespec.errors import LoosespecError
 from loosespec.methods import LOSSY_METHODS  # noqa: F401 (re-exported)
 from loosespec.methods import METHODS as _REGISTRY
@@ -44,14 +46,9 @@ SG_SELECT = ("embedding", "attention")
 DEFAULT_SG_CONFIDENCE = "mean"
 DEFAULT_SG_BETA = 0.8
 DEFAULT_SG_TAU = 0.825098
-DRAFTERS = {
-    "ngram": "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
-    "model": "a small draft model, autoregressive",
-    "mla": "draft model accelerated by n-gram lookup (FLy's multi-level acceleration)",
-}
-# Draft length per round when --num-draft-tokens is not given: PLD's 10 for n-gram lookup,
-# FLy's K = 15 for MLA; 8 for a plain draft model (it stops earlier on low confidence anyway).
-DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 10, "model": 8, "mla": 15}
+DRAFTERS = {name: d.summary for name, d in _DRAFTER_TABLE.items()}  # name -> one line of help (loosespec.drafters)
+# Draft length per round when --num-draft-tokens is not given, per drafter (the drafter table's)
+DEFAULT_NUM_DRAFT_TOKENS = {name: d.num_draft_tokens for name, d in _DRAFTER_TABLE.items()}
 FLY_NUM_DRAFT_TOKENS = 15  # FLy's K in the paper and the official code, whatever the drafter
 # FLy's parameter sets (--fly-preset): what the knobs fly_entropy_threshold, fly_window_size, fly_boundary and, for
 # method fly, num_draft_tokens and adaptive_draft_length take when not given.
@@ -70,10 +67,12 @@ DEFAULT_FLY_PRESET = "calibrated"
 
 
 def default_drafter(method: str, has_draft_model: bool) -> str | None:
-    """``ar`` has none; otherwise ``mla`` with a draft model, ``ngram`` without."""
-    if method == "ar":
+    """A method that does not speculate (``ar``) has none; otherwise the drafter table's default
+    (:func:`loosespec.drafters.default_drafter`: ``mla`` with a draft model, ``ngram`` without)."""
+    m = _REGISTRY.get(method)
+    if m is not None and not m.speculative:
         return None
-    return "mla" if has_draft_model else "ngram"
+    return _default_drafter(has_draft_model)
 
 
 
@@ -309,7 +308,8 @@ class DecodeConfig:
         if self.fly_window_size is None:
             k = validate_knob("num_draft_tokens", self.num_draft_tokens)
             object.__setattr__(self, "fly_window_size", max(0, min(preset["fly_window_size"], k - 1)))
-        if self.method == "fly" and not preset["adaptive_draft_length"]:
+        m = _REGISTRY.get(self.method)  # not validated yet: an unknown name is refused below
+        if m is not None and m.loose_window and not preset["adaptive_draft_length"]:
             object.__setattr__(self, "adaptive_draft_length", False)
 
     def __post_init__(self):
@@ -327,17 +327,18 @@ class DecodeConfig:
                 object.__setattr__(self, f.name, checked)
         if self.top_k == -1:  # vLLM's spelling of "disabled"
             object.__setattr__(self, "top_k", 0)
-        if self.method == "ar":
+        method = _REGISTRY[self.method]
+        if not method.speculative:
             if self.drafter is not None:
-                raise ConfigError("drafter", "method 'ar' uses no drafter; drop {drafter} or pick a speculative "
-                                  "method")
+                raise ConfigError("drafter", "method '{m}' uses no drafter; drop {drafter} or pick a speculative "
+                                  "method", m=self.method)
         elif self.drafter is None:
             raise ConfigError("drafter", "method '{m}' needs a drafter; choose one of: {d}", m=self.method,
                               d=", ".join(DRAFTERS))
-        if self.method == "exact" and self.temperature != 0.0:
-            raise ConfigError("temperature", "method 'exact' is greedy ({temperature} 0); use {method} rejection "
-                              "to sample")
-        if self.method == "fly" and self.fly_window_size >= self.num_draft_tokens:
+        if method.greedy_only and self.temperature != 0.0:
+            raise ConfigError("temperature", "method '{m}' is greedy ({temperature} 0); use {method} rejection "
+                              "to sample", m=self.method)
+        if method.loose_window and self.fly_window_size >= self.num_draft_tokens:
             raise ConfigError("fly_window_size", "FLy defers a mismatch only when the {fly_window_size} positions "
                               "after it fit in the draft: need {fly_window_size} < {num_draft_tokens} (as vLLM), got "
                               "{w} and {k}", w=self.fly_window_size, k=self.num_draft_tokens)
@@ -354,7 +355,8 @@ class DecodeConfig:
         if num_draft_tokens is None:
             preset = FLY_PRESETS.get(kw.get("fly_preset") or DEFAULT_FLY_PRESET)
             fly_k = preset["num_draft_tokens"] if preset else FLY_NUM_DRAFT_TOKENS  # a bad name: __post_init__ says
-            num_draft_tokens = fly_k if method == "fly" else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
+            m = _REGISTRY.get(method)
+            num_draft_tokens = fly_k if m is not None and m.loose_window else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"] or ())
         return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw)

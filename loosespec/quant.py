@@ -162,13 +162,15 @@ def cache_file(cache_dir: Path, model_key: str) -> Path:
     return cache_dir / f"{hashlib.sha256(f'{FORMAT}|{model_key}'.encode()).hexdigest()[:20]}.safetensors"
 
 
-def quantize_model(model: nn.Module, cache: Path | None = None) -> nn.Module:
+def quantize_model(model: nn.Module, cache: Path | None = None, progress: bool = False) -> nn.Module:
     """Replace every ``nn.Linear`` of a CPU float32 model by :class:`RowwiseInt8Linear`, in place.
 
     ``cache``: a safetensors file holding the int8 weights and scales; read when it exists (and
-    matches the model's layers), written otherwise.
+    matches the model's layers), written otherwise. ``progress``: a bar on stderr counting the Linear
+    layers as they are replaced.
     """
     from safetensors.torch import load_file, save_file
+    from tqdm.auto import tqdm
 
     _quiet()
     names = _linear_names(model)
@@ -181,7 +183,8 @@ def quantize_model(model: nn.Module, cache: Path | None = None) -> nn.Module:
         if any(f"{n}.qweight" not in stored for n in names):
             stored = {}
     fresh: dict[str, torch.Tensor] = {}
-    for name in names:
+    desc = "int8 (cached)" if stored else "quantizing to int8"
+    for name in tqdm(names, desc=desc, unit="layer", disable=not progress, dynamic_ncols=True):
         linear = model.get_submodule(name)
         if stored:
             q, scale = stored[f"{name}.qweight"], stored[f"{name}.scale"]

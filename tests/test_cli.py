@@ -200,3 +200,28 @@ def test_code_execution_is_opt_in(tiny_dir, tmp_path, monkeypatch):
             "--methods", "ar", "--out", str(out), "--allow-code-execution", "--sandbox", "jail")
     assert_one_line_error(p, "unknown sandbox mode 'jail'")
     assert not out.exists()
+
+
+def test_quiet_verbose_and_the_environment_set_what_stderr_shows(tiny_dir):
+    """The default (INFO) shows the statistics lines; --quiet and LOOSESPEC_LOGGING_LEVEL=WARNING show only warnings
+    and errors (the completion on stdout unchanged); --verbose and LOOSESPEC_LOGGING_LEVEL=debug add debug records
+    (here the engine's load configuration). A flag wins over the variable."""
+    args = ("generate", "--raw", "--target", str(tiny_dir / "target"), "--draft", "none", "--method", "ar",
+            "--max-new-tokens", "4", "abc")
+    default = cli(*args)
+    assert default.returncode == 0 and "[ar] " in default.stderr and "LoadConfig(" not in default.stderr
+    for quiet in (cli("--quiet", *args), cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "WARNING"})):
+        assert quiet.returncode == 0 and quiet.stdout == default.stdout
+        assert "[ar]" not in quiet.stderr and "precision" not in quiet.stderr, quiet.stderr
+    for verbose in (cli("--verbose", *args), cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "debug"}),
+                    cli("--verbose", *args, env={"LOOSESPEC_LOGGING_LEVEL": "ERROR"})):
+        assert verbose.returncode == 0 and "[ar] " in verbose.stderr
+        assert f"LoadConfig(target='{tiny_dir / 'target'}'" in verbose.stderr, verbose.stderr
+    louder = cli("--quiet", *args, env={"LOOSESPEC_LOGGING_LEVEL": "DEBUG"})
+    assert "[ar]" not in louder.stderr and "LoadConfig(" not in louder.stderr
+    # errors are printed whatever the level, and bad logging settings are errors of their own
+    assert_one_line_error(cli("--quiet", "generate", "--target", "./does/not/exist", "--draft", "none", "hi"),
+                          "not found")
+    assert_one_line_error(cli("--verbose", "--quiet", *args), "--verbose and --quiet")
+    assert_one_line_error(cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "loud"}), "LOOSESPEC_LOGGING_LEVEL", "'loud'")
+    assert cli("generate", "--quiet", "abc").returncode == 2  # a global option: before the command

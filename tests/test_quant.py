@@ -119,3 +119,29 @@ def test_plain_causal_recognises_only_the_causal_mask():
     padded[:, 0] = False  # a padded first position
     assert not plain_causal(padded[None, None], n, total)
     assert not plain_causal(causal[None, None], n + 1, total + 1)  # another shape
+
+
+def test_quantize_progress_bar_counts_the_linear_layers(tiny_dir, tmp_path, capsys):
+    """``progress=True``: a bar on stderr with one step per Linear layer (quantized afresh, then read from the
+    cache); off by default."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    def fresh():
+        return AutoModelForCausalLM.from_pretrained(tiny_dir / "target", dtype=torch.float32).eval()
+
+    n = sum(isinstance(m, torch.nn.Linear) for m in fresh().modules())
+    assert n == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    cache = tmp_path / "int8.safetensors"
+    for desc in ("quantizing to int8", "int8 (cached)"):
+        model = fresh()
+        capsys.readouterr()
+        quantize_model(model, cache, progress=True)
+        err = capsys.readouterr().err
+        assert desc in err and f"{n}/{n}" in err, err
+        assert {int(total) for total in re.findall(r"\d+/(\d+)", err)} == {n}, err
+    model = fresh()
+    capsys.readouterr()
+    quantize_model(model, cache)
+    assert capsys.readouterr().err == ""

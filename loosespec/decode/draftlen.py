@@ -17,8 +17,10 @@ plain target step, the rate of autoregressive decoding) is always a candidate, s
 never *chooses* to be slower than ``ar``: where no k pays, it verifies none.
 
 The estimate lives with the drafter (:class:`CostAwareDrafter`), which learns each round's
-outcome through ``feedback(drafted, accepted, first_miss)`` (as transformers'
-``update_candidate_strategy``). A drafter with levels (MLA: the free n-gram lookup, then the draft
+outcome through ``feedback(drafted, accepted, first_miss)`` (the
+:class:`~loosespec.drafters.base.Drafter` protocol's, as transformers' ``update_candidate_strategy``)
+and returns what it chose on the :class:`~loosespec.drafters.base.Draft` (``chosen``, and the level
+in ``events``). A drafter with levels (MLA: the free n-gram lookup, then the draft
 model) keeps one estimate per level and each round picks the level and the length together, or no
 draft. A draft model that has not read the latest committed tokens (rounds another level drafted)
 must catch up first (:func:`catch_up_s`): that cost is charged to the choice spread over
@@ -61,12 +63,12 @@ loose rule: their choice is the exact-match chain alone, as before.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from loosespec.cost import CostCurve
-from loosespec.drafters.base import EMPTY_DRAFT, Draft
+from loosespec.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 # Optimistic before any evidence (a new drafter is tried), worth one round of evidence: a drafter that
 # does not pay is dropped after a round or two, and one that does is kept.
@@ -321,7 +323,7 @@ class Level:
     lm: object | None = None
 
 
-class CostAwareDrafter:
+class CostAwareDrafter(Drafter):
     """Wraps one or more drafting levels: each round drafts the level and length that pay best, or nothing.
 
     A free level (no ``lm``) proposes first and is judged up to its proposal's length; a costly level
@@ -334,8 +336,6 @@ class CostAwareDrafter:
         self.levels = levels
         self.name = levels[-1].drafter.name
         self.level: Level | None = None
-        self.last_choice: int | None = None
-        self.round_events: dict[str, int] = {}
         self._draft_s: float | None = None
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
@@ -354,20 +354,22 @@ class CostAwareDrafter:
         level, chosen, _, proposal, catch = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
         if chosen == 0:
             level = None
-        self.level, self.last_choice, self._draft_s = level, chosen, None
-        self.round_events = {f"rounds_{level.name if level else 'none'}": 1}
+        self.level, self._draft_s = level, None
+        # what it chose travels on the draft: the length (the draft-length histogram) and the level (the counters)
+        events = {f"rounds_{level.name if level else 'none'}": 1}
         if level is not None and level.policy.explored:
-            self.round_events["rounds_explore"] = 1
+            events["rounds_explore"] = 1
         if level is None:
-            return EMPTY_DRAFT
+            return replace(EMPTY_DRAFT, chosen=0, events=events)
         if proposal is not None:
-            return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen])
+            return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen],
+                         chosen=chosen, events=events)
         before = level.lm.modelled_s
         draft = level.drafter.propose(seq, chosen)
         # what the drafted tokens cost, the catch-up taken out: one dear round must not make every later draft
         # token look as dear (it did: a draft model chosen once after 60 lookup rounds was never chosen again)
         self._draft_s = max(level.lm.modelled_s - before - catch, 0.0)
-        return draft
+        return replace(draft, chosen=chosen, events=events)
 
     def feedback(self, drafted: int, accepted: int, first_miss=None) -> None:
         """The round's outcome: ``accepted`` of ``drafted`` kept; ``first_miss``: a loose rule's account of the

@@ -1,13 +1,14 @@
-"""The decode loop, and the engine object that holds the loaded models.
+"""The engine: the loaded models, and what each configuration needs of them.
 
-One loop serves every method: ``ar`` is the same loop with an empty draft (one target token per
-round), so the speedup baseline is measured by the same code as the methods it is compared with.
-What varies is passed in: the drafter (who proposes) and the rule (who decides).
+:meth:`Engine.build` asks the method (:mod:`loosespec.methods`) and the drafter table
+(:data:`loosespec.drafters.DRAFTERS`) for a configuration's drafter and rule; a :class:`Generation` runs them in
+the token-level loop (:mod:`loosespec.decode.loop`) or, for a step-level method, SpecGuard's step loop
+(:mod:`loosespec.decode.steps`), and turns the committed tokens into text.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,20 +18,23 @@ import torch
 from loosespec import __version__
 from loosespec.drafters.bridge import BridgedDrafter, DraftSide, IntersectionDrafter, TokenizerBridge, VocabIntersection
 from loosespec.config import DecodeConfig
-from loosespec.drafters import Draft, Drafter, MlaDrafter, ModelDrafter, NgramDrafter
-from loosespec.drafters.base import EMPTY_DRAFT
+from loosespec.drafters import DRAFTERS, DraftParts
+from loosespec.drafters.base import Drafter
 from loosespec.errors import LoosespecError
 from loosespec.hardware import sync
+from loosespec.loading import LoadConfig
 from loosespec.decode.gguf import REFUSAL as GGUF_REFUSAL, GgufLM, is_gguf
 from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
+from loosespec.decode.loop import decode
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
 from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
 from loosespec.decode.stats import Stats
 from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
-from loosespec.methods import METHODS
+from loosespec.methods import METHODS, needs_draft_model
 from loosespec.verify.rules import Rule
 from loosespec.verify import SamplingParams
-from loosespec.verify.sampling import check_finite
+
+log = logging.getLogger(__name__)
 
 def prompt_tensor(ids) -> torch.Tensor:
     """A prompt's token ids as the loop holds them, [P] int64 on the CPU, from what a caller may pass: a 1-D
@@ -48,66 +52,6 @@ def prompt_tensor(ids) -> torch.Tensor:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise LoosespecError(f"a prompt's token ids must be integers, got {ids.dtype}")
     return ids.to(device="cpu", dtype=torch.long)
-
-
-# ---------------------------------------------------------------------------------------------
-# The loop
-# ---------------------------------------------------------------------------------------------
-
-
-def decode(
-    target: CachedLM,
-    drafter: Drafter | None,
-    rule: Rule,
-    prompt_ids: torch.Tensor,  # [P] int64, CPU
-    max_new_tokens: int,
-    num_draft_tokens: int,
-    stop_ids: Collection[int],
-    stats: Stats,
-) -> Iterator[list[int]]:
-    """Yield committed token chunks until an end token or ``max_new_tokens``."""
-    seq = prompt_ids
-    produced = 0
-    dtype = next(target.model.parameters()).dtype  # named in a non-finite-logits error
-    target.prefill(seq[:-1])  # the prompt in a forward of its own, the same for every method (loosespec.quant)
-    while produced < max_new_tokens:
-        # 1. propose: at most K tokens, never more than the budget has room for (+1 target token)
-        k = min(num_draft_tokens, max_new_tokens - produced - 1)
-        proposed = drafter is not None and k > 0
-        draft = drafter.propose(seq, k) if proposed else EMPTY_DRAFT
-        if drafter is not None:
-            stats.record_draft_length(getattr(drafter, "last_choice", k) if proposed else 0)
-        # 2. verify: one target forward over [last committed, d_0 .. d_{K-1}] -> K + 1 rows
-        logits = target.logits(torch.cat([seq, draft.tokens]), rows=len(draft) + 1)
-        # 3. rule: accepted prefix + one correction-or-bonus token (NaN logits make multinomial fail: say why)
-        try:
-            verdict = rule(draft, logits)
-        except RuntimeError:
-            check_finite(logits, "target", dtype)
-            raise
-        level = None
-        if proposed and hasattr(drafter, "feedback"):  # the drafter learns the round's outcome (cost-aware length)
-            drafter.feedback(len(draft), verdict.num_accepted, verdict.first_miss)
-            level = getattr(drafter, "round_events", None)  # the drafting level the round used (draftlen)
-        # 4. commit, cut after an end token; caches roll back lazily (see kv.CachedLM.logits)
-        tokens = verdict.tokens.tolist()
-        check_finite(logits, "target", dtype)  # after the read above: the device is idle by now
-        end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
-        if end is not None:
-            tokens = tokens[: end + 1]
-        seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
-        produced += len(tokens)
-        # 5. stats
-        events = verdict.events
-        if level:
-            events = {**(events or {}), **level}
-        if draft.draft_units is not None:
-            events = {**(events or {}), "draft_units_drafted": draft.draft_units}
-        stats.record_round(len(draft), min(verdict.num_accepted, len(tokens)), len(tokens), events)
-        # 6. stream
-        yield tokens
-        if end is not None:
-            return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,14 +106,14 @@ class Generation:
             e.draft_lm.reset()
         sync(e.device)
         start = time.perf_counter()
-        if cfg.method == "specguard":
+        if METHODS[cfg.method].step_level:
             side = None
             if e.bridge is not None:
                 eos = e.tokenizer.eos_token_id if e.tokenizer.eos_token_id in e.stop_ids else min(e.stop_ids)
                 side = DraftSide(lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True),
                                  e.draft_stop_ids, e.bridge, eos)
-            parts = StepParts(e.target_lm, e.draft_lm, drafter, rule, decode, e.embedder(cfg.sg_embedder),
-                              e.detokenize, e.stop_ids, generator, side)
+            parts = StepParts(e.target_lm, e.draft_lm, drafter, rule, e.embedder(cfg.sg_embedder), e.detokenize,
+                              e.stop_ids, generator, side)
             chunks = decode_steps(parts, self.prompt_ids, cfg, self.stats)
         else:
             chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
@@ -279,35 +223,41 @@ class Engine:
         self._intersection: VocabIntersection | None = None
 
     @classmethod
-    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, dtype: str = "auto",
-             device: str = "auto", progress: bool = True, quantize: str = "auto",
-             cache_implementation: str = "dynamic", compile: bool = False,
-             max_cache_len: int = DEFAULT_MAX_CACHE_LEN, draft_quantize: str = "auto",
-             torch_draft: bool = False, revision: str | None = None,
-             draft_revision: str | None = None) -> "Engine":
-        """``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest in
-        (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
+    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, *, progress: bool = True,
+             torch_draft: bool = False, **options) -> "Engine":
+        """Load ``target`` and ``draft`` (None or ``"none"``: no draft model; ``"auto"``: the default draft for the
+        default target) with ``options``, the other fields of :class:`~loosespec.loading.LoadConfig` by name
+        (``dtype``, ``quantize``, ``draft_quantize``, ``device``, ``revision``, ``draft_revision``,
+        ``cache_implementation``, ``compile``, ``max_cache_len``; their defaults there): :meth:`load_from`."""
+        return cls.load_from(LoadConfig(target=target, draft=draft, **options), progress=progress,
+                             torch_draft=torch_draft)
+
+    @classmethod
+    def load_from(cls, cfg: LoadConfig, *, progress: bool = True, torch_draft: bool = False) -> "Engine":
+        """The engine ``cfg`` describes. ``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest
+        in (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
         when that is given, and with ``quantize="auto"`` the draft's own choice (int4 in llama.cpp for a GGUF draft
         where llama-cpp-python is installed: :func:`draft_quantize_for`), unless ``torch_draft`` (SpecGuard,
         transformers' assisted generation: :func:`draft_role`). The cache options: :meth:`__init__`.
         ``revision``/``draft_revision``: the Hugging Face Hub revision of a target/draft given as a Hub id
         (:func:`loosespec.models.load`); for any other kind of model an error, before anything loads."""
-        check_cache_options(cache_implementation, compile)  # before loading anything
+        check_cache_options(cfg.cache_implementation, cfg.compile)  # before loading anything
         from loosespec.hardware import QUANTIZE_CHOICES
         from loosespec.models import check_revision
 
-        if draft_quantize not in QUANTIZE_CHOICES:
-            raise LoosespecError(f"unknown quantize '{draft_quantize}' for the draft (--draft-quantize); choose one "
-                                 f"of: {', '.join(QUANTIZE_CHOICES)}")
-        has_draft = draft not in (None, "none")
-        check_revision(target, revision, "--revision")
-        if has_draft:
-            check_revision(draft, draft_revision, "--draft-revision")
-        t = load(target, dtype, device, progress, quantize, revision=revision)
-        d = (load(draft, dtype, str(t.model.device), progress, draft_quantize_for(quantize, draft_quantize),
-                  draft_role(torch_draft), revision=draft_revision)
-             if has_draft else None)
-        e = cls(t, d, cache_implementation, compile, max_cache_len)
+        if cfg.draft_quantize not in QUANTIZE_CHOICES:
+            raise LoosespecError(f"unknown quantize '{cfg.draft_quantize}' for the draft (--draft-quantize); choose "
+                                 f"one of: {', '.join(QUANTIZE_CHOICES)}")
+        draft = cfg.draft_model
+        log.debug("loading %s (draft %s; torch_draft %s)", cfg, draft or "none", torch_draft)
+        check_revision(cfg.target, cfg.revision, "--revision")
+        if draft is not None:
+            check_revision(draft, cfg.draft_revision, "--draft-revision")
+        t = load(cfg.target, cfg.dtype, cfg.device, progress, cfg.quantize, revision=cfg.revision)
+        d = (load(draft, cfg.dtype, str(t.model.device), progress, draft_quantize_for(cfg.quantize, cfg.draft_quantize),
+                  draft_role(torch_draft), revision=cfg.draft_revision)
+             if draft is not None else None)
+        e = cls(t, d, cfg.cache_implementation, cfg.compile, cfg.max_cache_len)
         e.progress = progress
         return e
 
@@ -323,7 +273,7 @@ class Engine:
         loaded, lm = (self.target, self.target_lm) if role == "target" else (self.draft, self.draft_lm)
         key = (role, max_n)
         if key not in self._costs:
-            say = (lambda m: print(m, file=sys.stderr)) if self.progress else None
+            say = log.info if self.progress else None
             self._costs[key] = cost_curve(loaded, lm, max_n, progress=say)
         return self._costs[key]
 
@@ -339,59 +289,60 @@ class Engine:
     def build(self, cfg: DecodeConfig, prompt_ids: torch.Tensor | None = None
               ) -> tuple[Drafter | None, Rule, torch.Generator]:
         """The drafter and rule a config asks for, and a fresh seeded generator they share; ``prompt_ids``:
-        the request's prompt (FLy's copy guard compares drafts with it).
+        the request's prompt (FLy's copy guard compares drafts with it). The method
+        (:class:`~loosespec.methods.Method`) says how its draft samples and which rule it verifies with, the drafter
+        table (:data:`~loosespec.drafters.DRAFTERS`) builds the drafter.
 
-        For ``specguard`` these are the token-level drafter and rule of the target's steps.
+        For a step-level method (``specguard``) these are the token-level drafter and rule of the target's steps.
         """
+        method = METHODS[cfg.method]
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        if cfg.method == "specguard" and self.cache_implementation != "dynamic":
-            raise LoosespecError("method 'specguard' needs cache_implementation 'dynamic': it copies the draft's "
+        if method.step_level and self.cache_implementation != "dynamic":
+            raise LoosespecError(f"method '{cfg.method}' needs cache_implementation 'dynamic': it copies the draft's "
                                  "cache per step and grows it along a batch of candidates")
-        if cfg.method == "specguard" and self.draft_lm is None:
-            raise LoosespecError("method 'specguard' needs a draft model (--draft): it drafts whole steps with it")
-        if cfg.method == "specguard" and any(is_gguf(m.model) for m in (self.target, self.draft)):
-            raise LoosespecError(f"method 'specguard': {GGUF_REFUSAL}")
+        if method.needs_draft_model and self.draft_lm is None:
+            raise LoosespecError(f"method '{cfg.method}' needs a draft model (--draft): it drafts whole steps with it")
+        if method.torch_draft and any(is_gguf(m.model) for m in (self.target, self.draft)):
+            raise LoosespecError(f"method '{cfg.method}': {GGUF_REFUSAL}")
         sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
-        # FLy's two-sample variant drafts greedily, as the official code does
-        draft_sampling = SamplingParams(0.0) if cfg.method == "fly" and cfg.fly_sampling == "two-sample" else sampling
-        if cfg.drafter in ("model", "mla") and self.draft_lm is None:
+        draft_sampling = method.draft_sampling(cfg, sampling)
+        entry = DRAFTERS[cfg.drafter] if cfg.drafter is not None else None
+        with_model = entry is not None and entry.needs_draft_model  # drafts with the draft model
+        if with_model and self.draft_lm is None:
             raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
         self._check_rollback(cfg)
-        tli = self.bridge is not None and cfg.drafter in ("model", "mla") and self._needs_draft_probs(cfg, sampling)
+        tli = self.bridge is not None and with_model and method.needs_draft_probs(cfg, sampling)
         if tli:  # rejection sampling across vocabularies: draft inside the shared vocabulary (bridge.py)
             draft_sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k,
                                             vocab_mask=self.intersection().draft_mask)
         elif self.bridge is not None:  # greedy drafting, the proposal carried over as text
             draft_sampling = SamplingParams(0.0)
-        drafter: Drafter | None
-        if cfg.drafter is None:
-            drafter = None
-        elif cfg.drafter == "ngram":
-            drafter = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
-        elif cfg.drafter == "model":
-            # FLy drafts the full K, as its official code: no confidence stop (methods.Method.full_drafts)
-            threshold = 0.0 if METHODS[cfg.method].full_drafts else cfg.draft_confidence_threshold
-            drafter = ModelDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), threshold)
-        else:
-            drafter = MlaDrafter(self.draft_lm, draft_sampling, generator, self._draft_side_stops(), max_ngram=4,
-                                 lookup_tokens=cfg.mla_lookup_tokens, min_ngram=cfg.prompt_lookup_min)
+        drafter: Drafter | None = None
+        if entry is not None:
+            drafter = entry.build(self._draft_parts(cfg, draft_sampling, generator))
         if tli:
             drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
-        elif self.bridge is not None and cfg.drafter in ("model", "mla"):
+        elif self.bridge is not None and with_model:
             drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
-        if drafter is not None and cfg.adaptive_draft_length and cfg.method != "specguard":
+        if drafter is not None and cfg.adaptive_draft_length and not method.step_level:
             # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
             # which no per-round estimate describes: they keep K
-            drafter = self._cost_aware(drafter, cfg)
-        return drafter, METHODS[cfg.method].make_rule(cfg, sampling, generator, prompt_ids), generator
+            drafter = self._cost_aware(drafter, cfg, generator)
+        return drafter, method.make_rule(cfg, sampling, generator, prompt_ids), generator
+
+    def _draft_parts(self, cfg: DecodeConfig, sampling: SamplingParams, generator: torch.Generator) -> DraftParts:
+        """What the drafter table's factories build a drafter from."""
+        return DraftParts(cfg, self.draft_lm, sampling, generator, self.stop_ids, self._draft_side_stops(),
+                          METHODS[cfg.method].full_drafts)
 
     def _check_rollback(self, cfg: DecodeConfig) -> None:
         """Speculation rolls caches back (rejected drafts): refuse it up front for a model whose cache cannot
         be (loosespec.decode.kv), instead of failing at the first rejection."""
-        if cfg.drafter is None and cfg.method != "specguard":
+        method = METHODS[cfg.method]
+        if cfg.drafter is None and not method.step_level:
             return  # ar: the cache only grows
         lms = [(self.target, self.target_lm)]
-        if cfg.drafter in ("model", "mla") or cfg.method == "specguard":
+        if needs_draft_model(cfg.method, cfg.drafter):
             lms.append((self.draft, self.draft_lm))
         for loaded, lm in lms:
             problem = lm.rollback_problem
@@ -399,44 +350,44 @@ class Engine:
                 raise LoosespecError(f"method '{cfg.method}' cannot run on '{loaded.name}': {problem}; "
                                      "method 'ar' can (it never rolls back)")
 
-    def _cost_aware(self, drafter, cfg: DecodeConfig):
-        """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves."""
+    def _cost_aware(self, drafter, cfg: DecodeConfig, generator: torch.Generator):
+        """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves:
+        one level for the drafter, and, before it, one per cheaper drafter its table entry lists (MLA's: the
+        lookup alone, or the draft model), where the draft shares the target's tokenizer."""
         from loosespec.decode.draftlen import (MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter,
                                                DraftLengthPolicy, Level, LoosePrices)
 
         # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
         k = cfg.num_draft_tokens
+        entry = DRAFTERS[cfg.drafter]
 
         # a loose rule's deferrals are priced too (FLy): one estimate shared by the levels, as the gate is the target's
-        shared = LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens) if cfg.method == "fly" else None
+        shared = (LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens)
+                  if METHODS[cfg.method].loose_window else None)
 
         def loose():
             return shared
 
-        if cfg.drafter == "ngram":
-            return CostAwareDrafter([Level("lookup", drafter, DraftLengthPolicy(target_cost, 0.0, k, loose=loose()))])
+        if not entry.needs_draft_model:  # a free level: drafting costs no forward
+            return CostAwareDrafter([Level(entry.level, drafter, DraftLengthPolicy(target_cost, 0.0, k,
+                                                                                   loose=loose()))])
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
         # a forward per drafted token until the first rounds say otherwise
-        model = Level("model", drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
-                                                          AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN),
-                                                          loose=loose()), draft_lm)
-        if cfg.drafter == "mla" and self.bridge is None:  # MLA's levels: the lookup alone, or the draft model
-            lookup = NgramDrafter(cfg.prompt_lookup_max, cfg.prompt_lookup_min, self.stop_ids)
-            return CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(target_cost, 0.0, k, loose=loose())),
-                                     model])
-        return CostAwareDrafter([model])
+        model = Level(entry.level, drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
+                                                              AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN),
+                                                              loose=loose()), draft_lm)
+        if self.bridge is not None:  # the cheaper levels work in the target's ids: not across tokenizers
+            return CostAwareDrafter([model])
+        parts = self._draft_parts(cfg, SamplingParams(0.0), generator)  # the cheaper levels are free lookups
+        cheaper = [Level(DRAFTERS[name].level, DRAFTERS[name].build(parts),
+                         DraftLengthPolicy(target_cost, 0.0, k, loose=loose())) for name in entry.levels]
+        return CostAwareDrafter([*cheaper, model])
 
     def _draft_side_stops(self) -> frozenset[int]:
         """End tokens in the ids the draft model works in (its own across tokenizers)."""
         return self.draft_stop_ids if self.bridge is not None else self.stop_ids
-
-    @staticmethod
-    def _needs_draft_probs(cfg: DecodeConfig, sampling: SamplingParams) -> bool:
-        """Whether the rule needs the draft's distribution ``q`` (rejection sampling, or FLy on it)."""
-        return not sampling.greedy and (cfg.method == "rejection" or (cfg.method == "fly" and cfg.fly_sampling ==
-                                                                       "rejection"))
 
     def intersection(self) -> VocabIntersection:
         """The vocabulary draft and target share (built on first use; a draft of another tokenizer only)."""

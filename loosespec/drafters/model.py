@@ -16,10 +16,10 @@ import torch
 
 from loosespec.decode.kv import CachedLM
 from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs, sample
-from loosespec.drafters.base import Draft
+from loosespec.drafters.base import Draft, Drafter
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(

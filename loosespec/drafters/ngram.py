@@ -40,7 +40,7 @@ from collections.abc import Collection
 
 import torch
 
-from loosespec.drafters.base import Draft
+from loosespec.drafters.base import Draft, Drafter
 
 SEARCHES = ("fly", "transformers", "pld")
 
@@ -88,7 +88,7 @@ def ngram_lookup(
     return seq[:0]
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt lookup as a drafter (max_ngram 3 as transformers' and PLD's default, up to ``k`` tokens per round)."""
 
     name = "ngram"

@@ -13,6 +13,11 @@ transformers' defaults, in the same precision as loosespec's methods); ``llamacp
 A loosespec method also takes knob variants, ``<method>@<knob>=<value>`` (:func:`bench_method`), which
 ``--sweep`` builds (:func:`sweep_methods`); :func:`method_config` is a method's decoding configuration and
 :func:`baseline_of` the method its speedup and accuracy are measured against.
+
+A name is parsed here, once, into a :class:`BenchMethod` holding the registry's objects (its
+:class:`~loosespec.methods.Method` and :class:`~loosespec.drafters.DrafterEntry`); what runs it, whether it
+needs a draft model, whether it is lossy are read off those objects, never off the name. :data:`BASELINE`
+is the bench name of the method that does not speculate (``ar``), listed first and measured against.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from loosespec.config import DRAFTERS, DecodeConfig, knob_default
+from loosespec.config import DecodeConfig, knob_default
+from loosespec.drafters import DRAFTERS, DrafterEntry
 from loosespec.errors import LoosespecError
+from loosespec.methods import BASELINE, Method  # noqa: F401 (BASELINE re-exported: the bench's first row)
 
 
 HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
+HF_ASSISTED = ("hf-assist",)  # transformers' assisted generation: runs the draft model, as a transformers model
 SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
                      "specguard-fly": {"sg_verify": "fly"}}
 STEP_PRESETS = {"specguard": SPECGUARD_PRESETS}  # a step-level method's bench names and their settings
@@ -39,9 +47,15 @@ class BenchMethod:
     kind: str  # "loosespec" | "hf" | "llamacpp" | "vllm"
     lossy: bool
     needs_draft: bool  # loosespec's engine must load the draft model for it
-    method: str | None = None  # the loosespec method
-    drafter: str | None = None
+    method: Method | None = None  # the loosespec method (the registry's object)
+    drafter: DrafterEntry | None = None  # its drafter (None: none, or the method's default)
     overrides: dict = field(default_factory=dict)  # DecodeConfig keywords of a preset
+    torch_draft: bool = False  # runs the draft as a transformers model (SpecGuard's attentions, hf-assist)
+
+    @property
+    def step_level(self) -> bool:
+        """A step-level loosespec method (SpecGuard): it needs the dynamic cache."""
+        return self.method is not None and self.method.step_level
 
 
 _BENCH_METHODS: dict[str, BenchMethod] = {}
@@ -52,26 +66,30 @@ def bench_methods() -> dict[str, BenchMethod]:
     if not _BENCH_METHODS:
         from loosespec.methods import METHODS
         from loosespec.eval.peers.llamacpp import LLAMACPP_METHODS, SERVER_METHODS
-        from loosespec.eval.peers.vllm import VLLM_METHODS
+        from loosespec.eval.peers.vllm import VLLM_METHODS, served
 
-        out = {"ar": BenchMethod("ar", "loosespec", METHODS["ar"].lossy, False, "ar")}
+        out = {}
         for m in METHODS.values():
-            if m.name != "ar" and not m.step_level:
-                for d in DRAFTERS:
-                    out[f"{m.name}-{d}"] = BenchMethod(f"{m.name}-{d}", "loosespec", m.lossy, d in ("model", "mla"),
-                                                       m.name, d)
-            elif m.step_level:
-                for name, overrides in STEP_PRESETS[m.name].items():
-                    out[name] = BenchMethod(name, "loosespec", m.lossy, True, m.name, None, overrides)
+            if not m.speculative:  # the target alone: its own name, no drafter
+                out[m.name] = BenchMethod(m.name, "loosespec", m.lossy, False, m)
+            elif not m.step_level:  # token-level: one per drafter, <method>-<drafter>
+                for d in DRAFTERS.values():
+                    name = f"{m.name}-{d.name}"
+                    out[name] = BenchMethod(name, "loosespec", m.lossy, d.needs_draft_model, m, d)
+            else:  # step-level: its presets (the default drafter drafts the rest of a target's step)
+                for name, overrides in STEP_PRESETS.get(m.name, {m.name: {}}).items():
+                    out[name] = BenchMethod(name, "loosespec", m.lossy, m.needs_draft_model, m, None, overrides,
+                                            m.torch_draft)
         for name in HF_GENERATION_KWARGS:
-            out[name] = BenchMethod(name, "hf", False, name == "hf-assist")
+            assisted = name in HF_ASSISTED
+            out[name] = BenchMethod(name, "hf", False, assisted, torch_draft=assisted)
         for name in LLAMACPP_METHODS:
             out[name] = BenchMethod(name, "llamacpp", False, False)
         for name in SERVER_METHODS:  # llama.cpp's own speculative decoding with the draft's GGUF
             out[name] = BenchMethod(name, "llamacpp", False, True)
-        for name in VLLM_METHODS:  # vLLM's FLy runs loosespec's rule in vLLM: FLy's lossiness
-            out[name] = BenchMethod(name, "vllm", METHODS["fly"].lossy if name.startswith("vllm-fly") else False,
-                                    False)
+        for name in VLLM_METHODS:  # vLLM's FLy runs loosespec's rule in vLLM: the served method's lossiness
+            out[name] = BenchMethod(name, "vllm", served(name)[0].lossy, False)
+        out = {BASELINE: out.pop(BASELINE), **out}  # the baseline first
         _BENCH_METHODS.update(out)
     return _BENCH_METHODS
 
@@ -113,7 +131,8 @@ def bench_method(name: str) -> BenchMethod:
             overrides[knob] = validate_knob(knob, value)
         except ConfigError as e:
             raise LoosespecError(f"'{name}': {e.render('field')}") from None
-    return BenchMethod(name, spec.kind, spec.lossy, spec.needs_draft, spec.method, spec.drafter, overrides)
+    return BenchMethod(name, spec.kind, spec.lossy, spec.needs_draft, spec.method, spec.drafter, overrides,
+                       spec.torch_draft)
 
 
 def variant_knobs(name: str) -> dict[str, str]:
@@ -129,7 +148,8 @@ def sweep_methods(methods: Sequence[str], knob: str, values: Sequence[str]) -> l
     """``--sweep knob=v1,v2``: each loosespec method but ``ar`` becomes one variant per value (peers stay)."""
     out = []
     for m in methods:
-        if m == "ar" or bench_method(m).kind != "loosespec":
+        spec = bench_method(m)
+        if spec.kind != "loosespec" or not spec.method.speculative:
             out.append(m)
         else:
             out += [f"{m}{VARIANT_SEP}{knob}={v}" for v in values]
@@ -143,7 +163,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
         bench_method(m)  # raises, naming the method and what is wrong with it
     if len(set(items)) != len(items):
         raise LoosespecError(f"a method is listed twice in '{','.join(items)}'")
-    return ["ar"] + [m for m in items if m != "ar"]
+    return [BASELINE] + [m for m in items if m != BASELINE]
 
 
 def needs_draft_model(method: str) -> bool:
@@ -159,7 +179,7 @@ def baseline_of(method: str, methods: Sequence[str]) -> str:
     ``vllm-*`` methods when it ran (same server software), ``ar`` otherwise."""
     from loosespec.eval.peers.vllm import VLLM_BASELINE, is_vllm_method
 
-    return VLLM_BASELINE if is_vllm_method(method) and VLLM_BASELINE in methods else "ar"
+    return VLLM_BASELINE if is_vllm_method(method) and VLLM_BASELINE in methods else BASELINE
 
 
 def method_config(method: str, *, max_new_tokens: int, temperature: float, seed: int, has_draft: bool,
@@ -172,5 +192,7 @@ def method_config(method: str, *, max_new_tokens: int, temperature: float, seed:
         return None
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                   has_draft_model=has_draft, adaptive_draft_length=adaptive_draft_length)
-    tau = {} if sg_tau is None or spec.method != "specguard" else {"sg_tau": sg_tau}
-    return DecodeConfig.create(spec.method, spec.drafter, **{**common, **tau, **spec.overrides})  # a variant's knobs win
+    tau = {} if sg_tau is None or not spec.method.step_level else {"sg_tau": sg_tau}  # SpecGuard's tau
+    drafter = spec.drafter.name if spec.drafter is not None else None
+    # a variant's knobs win
+    return DecodeConfig.create(spec.method.name, drafter, **{**common, **tau, **spec.overrides})

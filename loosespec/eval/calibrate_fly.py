@@ -111,7 +111,7 @@ class _Recorder:
 @torch.inference_mode()
 def trace(engine, ids: torch.Tensor, max_new_tokens: int, k: int) -> dict:
     """Exact verification, MLA, K drafted every round, each round recorded (see :class:`_Recorder`)."""
-    from loosespec.decode.engine import decode
+    from loosespec.decode.loop import decode
     from loosespec.decode.stats import Stats
     from loosespec.hardware import sync
 

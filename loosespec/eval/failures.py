@@ -42,6 +42,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from loosespec.eval.bench_methods import BASELINE
 from loosespec.eval.results import CONFIG, RESULTS, ResultsFile, read_config, unique_rows
 from loosespec.eval.stats import summarize
 
@@ -115,10 +116,11 @@ def _prompts(config: dict) -> dict[str, str]:
 
 def _answer(dataset: str, row: dict):
     """What the scorer read from the output where it reads a number (gsm8k, mgsm); else right/wrong."""
-    from loosespec.eval.datasets import DATASETS, _score_number, extract_number
+    from loosespec.eval.datasets import DATASETS
+    from loosespec.eval.scoring import extract_number, score_number
 
     spec = DATASETS.get(dataset)
-    if spec is not None and spec.scorer is _score_number:
+    if spec is not None and spec.scorer is score_number:
         return extract_number(row["output"])
     return {True: "right", False: "wrong", None: "-"}[None if row.get("score") is None else bool(row["score"])]
 
@@ -204,7 +206,7 @@ def failures(out: Path | Sequence[Path]) -> list[dict]:
 
 
 def _failures(rows: list[dict], config: dict) -> list[dict]:
-    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
+    ar = {r["question_id"]: r for r in rows if r["method"] == BASELINE}
     lost = [r for r in rows if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
             and r.get("score") is not None and not r["score"]]
     prompts = _prompts(config) if lost else {}

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loosespec.errors import LoosespecError
-from loosespec.eval.datasets import Verdict
 from loosespec.eval.results import RESULTS, ResultsFile, RunLock, _writing, score_status
 from loosespec.eval.run import Outcome, judge_output, result_row, run_method
+from loosespec.eval.scoring import Verdict
 
 
 WARMUP_TOKENS = 32  # 8 left transformers' assisted generation paying its one-off set-up in the first timed run
@@ -152,7 +152,8 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
     from tqdm.auto import tqdm
 
-    from loosespec.eval.peers.vllm import VllmServer, size_for_shared_gpu, speculative_tokens, vllm_generate
+    from loosespec.eval.peers.vllm import (VllmServer, fly_record, served, size_for_shared_gpu, speculative_tokens,
+                                           vllm_generate)
 
     if not problems:
         return
@@ -164,10 +165,12 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     s = settings
     kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
               top_k=s["top_k"])
+    serves, drafter = served(method)  # the loosespec method it serves, its drafter (None: no speculation)
     server_info = {"dtype": vllm.dtype,
-                   "num_speculative_tokens": None if method == "vllm-ar" else speculative_tokens(method, vllm),
-                   "fly": method.startswith("vllm-fly"), "concurrency": vllm.concurrency,
-                   "gpu_memory_utilization": vllm.gpu_memory_utilization}
+                   "num_speculative_tokens": None if drafter is None else speculative_tokens(method, vllm),
+                   "fly": serves.loose_window, "concurrency": vllm.concurrency,
+                   "gpu_memory_utilization": vllm.gpu_memory_utilization,
+                   **fly_record(method, vllm)}  # FLy's path (vLLM's native FLy or the plugin) and why
 
     def finish(problem, text, token_ids, wall, stats, request):
         outcome = Outcome(text, token_ids, wall, [], stats,

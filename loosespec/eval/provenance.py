@@ -96,11 +96,12 @@ def model_provenance(spec: str | None, revision: str | None = None) -> dict | No
     if spec is None:
         return None
     try:
-        from loosespec import models as M
+        from loosespec.weights.convert import READY_MARKER
+        from loosespec.weights.embedded import EMBEDDED, hf_dir
 
-        if spec in M.EMBEDDED:
-            e = M.EMBEDDED[spec]
-            marker = M._hf_dir(spec) / M._READY_MARKER
+        if spec in EMBEDDED:
+            e = EMBEDDED[spec]
+            marker = hf_dir(spec) / READY_MARKER
             return {"spec": spec, "kind": "embedded", "revision": e.sha256, "gguf_sha256": e.sha256,
                     "original_id": e.original_id,
                     "converted": json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None}
@@ -120,14 +121,14 @@ def model_provenance(spec: str | None, revision: str | None = None) -> dict | No
 def data_provenance(dataset: str, data_dir: str | Path | None = None) -> dict:
     """The files the dataset's loader reads (:data:`DATASET_FILES`), each with where it was read from and its
     sha256 (a Hub copy: its source, revision unknown); an unknown set records nothing. Never raises."""
-    from loosespec.eval import datasets as D
+    from loosespec.eval.datafiles import HUB, HUB_SOURCES, data_file
 
     out = {}
     for name in DATASET_FILES.get(dataset, ()):
         try:
-            where = D.data_file(name, data_dir)
-            if where == D.HUB:
-                repo, config, split = D.HUB_SOURCES[name]
+            where = data_file(name, data_dir)
+            if where == HUB:
+                repo, config, split = HUB_SOURCES[name]
                 out[name] = {"hub": repo, "config": config, "split": split, "revision": None}
             else:
                 out[name] = {"path": str(Path(where).resolve()), "sha256": file_sha256(Path(where))}

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loosespec.errors import LoosespecError
-from loosespec.eval.bench_methods import base_name, is_lossy, variant_knobs
+from loosespec.eval.bench_methods import BASELINE, base_name, is_lossy, variant_knobs
 from loosespec.eval.results import (CONFIG, RESULTS, SUMMARY, ResultsFile, _derived_writes, read_config,
                                      unique_rows)
 from loosespec.eval.stats import acceptance_by_position, summarize
@@ -138,7 +138,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    methods = [m for m in summary["methods"] if m != "ar"]
+    methods = [m for m in summary["methods"] if m != BASELINE]
     cats = list(summary["categories"])
     if methods and cats:
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 3), 4))
@@ -173,7 +173,7 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.set_title("Accuracy recovery vs speedup (x: lossy)")
         paths.append(_save(plt, fig, out / "recovery_vs_speedup.png"))
     lengths = {m: [x for r in rows if r["method"] == m for x in r["accept_lengths"]] for m in summary["methods"]}
-    lengths = {m: v for m, v in lengths.items() if v and m != "ar"}
+    lengths = {m: v for m, v in lengths.items() if v and m != BASELINE}
     if lengths:
         top = max(max(v) for v in lengths.values())
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -272,7 +272,7 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
     if config is None and (out / CONFIG).exists():
         config = read_config(out)
     summary = summarize(rows, methods)
-    if "ar" not in summary["methods"]:
+    if BASELINE not in summary["methods"]:
         raise LoosespecError(f"{out} has no ar results: speedup and recovery are measured against ar")
     summary["config"] = config or {}
     summary["rows"] = len(rows)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from loosespec.config import knob_default
 from loosespec.errors import LoosespecError
-from loosespec.eval.datasets import VERDICT_STATUSES
 from loosespec.eval.provenance import _utc_now, run_provenance
+from loosespec.eval.scoring import VERDICT_STATUSES
 from loosespec.fileio import atomic_write_bytes, atomic_write_text
 from loosespec.methods import FLY_WINDOW_MEANING
 

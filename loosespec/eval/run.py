@@ -3,7 +3,7 @@ llama.cpp (``llamacpp-*``) on the same prompt ids, timed (:func:`run_method`, an
 verdict on the output (:func:`judge_output`) and the ``results.jsonl`` row (:func:`result_row`).
 
 Scoring failures are not wrong answers. Every row stores the scorer's verdict
-(:class:`loosespec.eval.datasets.Verdict`): ``score`` (True, False, or None for no answer), ``score_status``
+(:class:`loosespec.eval.scoring.Verdict`): ``score`` (True, False, or None for no answer), ``score_status``
 (``right``, ``wrong``, ``error``, ``unscored``) and ``score_detail`` (e.g. the sandbox mode, or what
 failed). A program under test that fails, times out or runs out of memory is ``wrong``; ``error`` means the
 harness failed (a sandbox that could not start, a scorer's own exception). Every row also records the
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from loosespec.config import DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
-from loosespec.eval.bench_methods import HF_GENERATION_KWARGS, is_lossy, method_config
-from loosespec.eval.datasets import ScoringError, Verdict, as_verdict
+from loosespec.eval.bench_methods import HF_GENERATION_KWARGS, HF_ASSISTED, bench_method, is_lossy, method_config
+from loosespec.eval.scoring import ScoringError, Verdict, as_verdict
 
 
 class _RoundCounter:
@@ -67,7 +67,7 @@ def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: f
     else:  # the checkpoints' sampling defaults would only produce warnings under greedy decoding
         kwargs.update(temperature=None, top_p=None, top_k=None)
     gc = GenerationConfig(**kwargs)
-    extra = {"assistant_model": engine.draft.model, "tokenizer": engine.tokenizer} if method == "hf-assist" else {}
+    extra = {"assistant_model": engine.draft.model, "tokenizer": engine.tokenizer} if method in HF_ASSISTED else {}
     if extra and engine.bridge is not None:  # transformers' universal assisted generation
         extra["assistant_tokenizer"] = engine.draft.tokenizer
     counter = _RoundCounter()
@@ -120,10 +120,14 @@ def llamacpp_generate(engine, method: str, ids, *, max_new_tokens: int, temperat
 
 
 def run_method(engine, method: str, ids, settings: dict) -> Outcome:
+    """One run of the bench method ``method``, by what runs it (:attr:`BenchMethod.kind`): llama.cpp,
+    transformers' ``generate`` or loosespec's engine (the vLLM methods run in a server of their own,
+    :mod:`loosespec.eval.harness`)."""
     s = settings
-    if method.startswith("llamacpp-"):
+    kind = bench_method(method).kind
+    if kind == "llamacpp":
         return llamacpp_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"])
-    if method in HF_GENERATION_KWARGS:
+    if kind == "hf":
         return hf_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
                            seed=s["seed"], top_p=s["top_p"], top_k=s["top_k"])
     cfg = method_config(method, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"],
@@ -135,7 +139,7 @@ def run_method(engine, method: str, ids, settings: dict) -> Outcome:
 def result_row(problem, dataset: str, method: str, outcome: Outcome, score: "bool | None | Verdict", model_id: str,
                run_id: str | None = None) -> dict:
     """One results.jsonl line; ``choices`` follows Spec-Bench's answer-file layout. ``score``: the scorer's
-    verdict (a :class:`~loosespec.eval.datasets.Verdict`, or a bool / None as plain scorers return),
+    verdict (a :class:`~loosespec.eval.scoring.Verdict`, or a bool / None as plain scorers return),
     stored as ``score``, ``score_status`` and ``score_detail``."""
     verdict = as_verdict(score)
     st = outcome.stats
@@ -168,7 +172,7 @@ def hardware() -> dict:
 
 def judge_output(scorer: Callable, problem, text: str) -> tuple[Verdict, BaseException | None]:
     """The scorer's verdict on ``text`` as a Verdict, never raising for a failure of the scoring: a
-    :class:`~loosespec.eval.datasets.ScoringError` or a scorer's own exception is ``Verdict("error", ...)``
+    :class:`~loosespec.eval.scoring.ScoringError` or a scorer's own exception is ``Verdict("error", ...)``
     (no answer, scored again on resume). Any other :class:`LoosespecError` (bad scoring options) is an error verdict
     too and is returned second, for the caller to raise once the row is safe."""
     try:

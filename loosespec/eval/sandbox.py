@@ -11,11 +11,10 @@ Two entry points, each starting fresh ``python -I -B`` processes, never raising 
 * :func:`run_python`: run a program; **exit status 0 means passed**, which the program itself can claim
   (``os._exit(0)``), so it is for programs that are not being judged.
 
-Which sandbox: ``mode`` (or ``$LOOSESPEC_SANDBOX``), see :func:`resolve_mode`: ``"auto"`` takes the best
-this machine gives and refuses ``"none"``, which must be asked for by name. Every result says its mode.
+Which sandbox: ``mode`` (or ``$LOOSESPEC_SANDBOX``), see :func:`loosespec.eval.sandbox_probe.resolve_mode`:
+``"auto"`` takes the best this machine gives and refuses ``"none"``, which must be asked for by name. Every
+result says its mode.
 
-What every call does
---------------------
 What every call does
 --------------------
 * Fresh process, isolated interpreter (``sys.executable -I -B``: no user site, no ``PYTHON*``
@@ -54,35 +53,12 @@ What every call does
   ``socket()`` for every family but ``AF_UNIX``, ``io_uring_setup``, ``ptrace``, ``process_vm_readv``/``writev``
   and any syscall of a foreign ABI (x32, i386): a barrier ``ctypes`` does not pass (x86-64 and aarch64).
 
-Namespaces (the real barrier, where available)
-----------------------------------------------
-On first use the module probes (once per process, cached) whether util-linux ``unshare`` can create
-user + mount + PID + network (+ IPC, UTS) namespaces, and checks inside that the isolation really
-holds. Modes, best first (see :func:`sandbox_mode`):
-
-``"full"``
-    ``unshare --user --map-root-user --mount --pid --fork --mount-proc --ipc --uts [--net]
-    --kill-child``. Inside, before the code runs, the bootstrap bind-mounts the sandbox directory
-    onto itself and remounts **every other mount read-only** (``/proc`` and ``/sys`` included), so
-    files outside the sandbox directory cannot be deleted, truncated or created even by code that
-    bypasses the Python guard (e.g. through ``ctypes``). On kernels >= 6.14 it lowers the PID
-    namespace's ``kernel.pid_max`` to its minimum (301), which bounds the number of processes in the
-    sandbox to about 300 even when running as root. It then drops every capability (bounding set,
-    ambient set, effective/permitted; ``no_new_privs``), so the code cannot undo the read-only
-    mounts. The code runs as PID 1 of its own PID namespace: when it exits or is killed, the kernel
-    kills every process it started, including ones that left the process group with ``setsid``.
-    Unless ``network=True`` (which leaves out ``--net``), the network namespace has only a down
-    loopback device: connects fail with ENETUNREACH. The probe checks the isolation itself (a network
-    namespace other than the parent's, with ``lo`` its only interface), not an unreachable address,
-    which an offline host gives too.
-``"net"``
-    ``unshare --user --map-root-user --net`` only (no read-only mounts, no PID namespace): network
-    isolation is real; file and process protection is the Python guard, the rlimits and the
-    process-group kill.
-``"none"``
-    Plain subprocess, only when asked for by name (e.g. CI containers that forbid user namespaces):
-    the rlimits, the process-group kill and the seccomp filter are real; file protection is the
-    Python-level guard only.
+Namespaces and modes
+--------------------
+Where user namespaces are available the child runs in its own (``"full"``: user, mount, PID, network, IPC,
+UTS, every mount but its directory read-only; ``"net"``: user and network only), else as a plain subprocess
+(``"none"``, only when asked for by name). What each mode isolates, and how it is probed:
+:mod:`loosespec.eval.sandbox_probe`.
 
 What is NOT protected
 ---------------------
@@ -114,7 +90,6 @@ import contextlib
 import functools
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -126,12 +101,13 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["MODES", "SandboxResult", "resolve_mode", "run_python", "run_tests", "sandbox_mode"]
+from loosespec.eval import sandbox_probe as probe
+
+__all__ = ["SandboxResult", "run_python", "run_tests"]
 
 _TAIL_CHARS = 2000
 _SETUP_FAILED_RC = 97
 _SETUP_FAILED_MARK = "loosespec-sandbox: setup failed"
-_PROBE_OK_MARK = "loosespec-sandbox-probe-ok"
 
 
 @dataclass(frozen=True)
@@ -155,100 +131,7 @@ class SandboxResult:
         return self.status == "passed"
 
 
-# ----------------------------------------------------------------------------------- child bootstrap
-# Runs as ``python -I -B -c <loosespec/eval/sandbox_boot.py> <json config>`` inside the sandbox.
-
-@functools.cache
-def _boot_source() -> str:
-    """The child's bootstrap: the text of :mod:`loosespec.eval.sandbox_boot` (read once), passed with ``python -c``."""
-    return Path(__file__).with_name("sandbox_boot.py").read_text(encoding="utf-8")
-
-
-# ----------------------------------------------------------------------------------------- probing
-
-class _Env(NamedTuple):
-    mode: str           # "full", "net" or "none"
-    unshare: str | None
-    pid_max: bool       # per-namespace pid_max available (kernel >= 6.14) and set in the probe
-
-
-def _kernel_version() -> tuple[int, int]:
-    try:
-        parts = platform.release().split(".")
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
-def _ns_prefix(mode: str, unshare: str, network: bool) -> list[str]:
-    if mode == "full":
-        cmd = [unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc",
-               "--ipc", "--uts", "--kill-child"]
-        if not network:
-            cmd.append("--net")
-        return cmd
-    if mode == "net" and not network:
-        return [unshare, "--user", "--map-root-user", "--net"]
-    return []
-
-
-def _netns() -> str | None:
-    """This process's network namespace (``net:[inode]``), None where Linux's /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return None
-
-
-def _probe(mode: str, unshare: str) -> dict | None:
-    with tempfile.TemporaryDirectory(prefix="loosespec-sbx-probe-") as d:
-        d = os.path.realpath(d)
-        cfg = {"dir": d, "ns": mode, "probe": True, "network": False, "parent_netns": _netns(),
-               "pid_max": mode == "full" and _kernel_version() >= (6, 14)}
-        cmd = _ns_prefix(mode, unshare, False) + [sys.executable, "-I", "-B", "-c", _boot_source(),
-                                                  json.dumps(cfg)]
-        try:
-            p = subprocess.run(cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=20, start_new_session=True)
-        except (OSError, subprocess.SubprocessError):
-            return None
-    if p.returncode != 0:
-        return None
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
-        if line.startswith(_PROBE_OK_MARK):
-            try:
-                return json.loads(line[len(_PROBE_OK_MARK):])
-            except ValueError:
-                return None
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _detect() -> _Env:
-    unshare = shutil.which("unshare") or next(
-        (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.access(p, os.X_OK)), None)
-    if unshare and sys.platform.startswith("linux"):
-        r = _probe("full", unshare)
-        if r and r.get("ro") and r.get("net"):
-            return _Env("full", unshare, bool(r.get("pid_max")))
-        r = _probe("net", unshare)
-        if r and r.get("net"):
-            return _Env("net", unshare, False)
-    return _Env("none", None, False)
-
-
-def sandbox_mode() -> str:
-    """The isolation this machine gives :func:`run_python`: "full", "net" or "none" (see the module
-    docstring). Probed once per process."""
-    return _detect().mode
-
-
 # ------------------------------------------------------------------------------------------ running
-
-def _child_env(d: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": d, "TMPDIR": d, "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8"}
-
 
 def _user_task_count(uid: int) -> int:
     """Tasks (processes + threads) whose real uid is ``uid``: what RLIMIT_NPROC counts."""
@@ -344,44 +227,6 @@ def _classify(rc: int | None, timed_out: bool, stderr: str) -> str:
     return "failed"
 
 
-MODES = ("auto", "full", "net", "none")
-_MODE_ENV = "LOOSESPEC_SANDBOX"
-NO_SANDBOX = ("this machine gives the sandbox no isolation ({why}): model-written code would run with only the "
-              "Python-level guard, which ctypes, introspection and root bypass. Run where user namespaces are "
-              "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see the README's "
-              "'Evaluation' section")
-
-
-def _why_not() -> str:
-    if not sys.platform.startswith("linux"):
-        return f"{sys.platform} has no Linux namespaces"
-    if _detect().unshare is None:
-        return "util-linux unshare is not installed"
-    return "unshare could not create user namespaces: Docker's default seccomp profile, or " \
-           "kernel.apparmor_restrict_unprivileged_userns / user.max_user_namespaces, forbid them"
-
-
-def resolve_mode(requested: str | None = None) -> str:
-    """The sandbox mode a run uses: ``requested`` (None: ``$LOOSESPEC_SANDBOX``, else ``"auto"``).
-
-    ``"auto"`` is the best this machine gives, and refuses ``"none"``: running model code with no isolation
-    must be asked for by name. ``"full"`` and ``"net"`` must be available (``"net"`` is also given where
-    ``"full"`` is). Raises :class:`LoosespecError` with a one-line reason."""
-    from loosespec.errors import LoosespecError
-
-    mode = (requested if requested is not None else os.environ.get(_MODE_ENV) or "auto").strip().lower()
-    if mode not in MODES:
-        raise LoosespecError(f"unknown sandbox mode {mode!r}; choose one of: {', '.join(MODES)}")
-    best = _detect().mode
-    if mode == "auto":
-        if best == "none":
-            raise LoosespecError(NO_SANDBOX.format(why=_why_not()))
-        return best
-    if mode == "full" and best != "full" or mode == "net" and best == "none":
-        raise LoosespecError(f"sandbox mode {mode!r} is not available here (best: {best!r}; {_why_not()})")
-    return mode
-
-
 _dumpable_lock = threading.Lock()
 _undumpable_users = 0
 
@@ -425,9 +270,9 @@ class _Spawn(NamedTuple):
 def _sandbox_command(code_path: str, d: str, mode: str, *, timeout_s: float, memory_mb: int, max_processes: int,
                      max_file_mb: int, network: bool, extra: dict | None = None) -> _Spawn:
     """The command that runs ``code_path`` in the sandbox directory ``d`` in ``mode`` (already resolved)."""
-    env_info = _detect()
+    env_info = probe.detect()
     in_userns = mode == "full" or (mode == "net" and not network)
-    if in_userns and _kernel_version() >= (5, 14):
+    if in_userns and probe.kernel_version() >= (5, 14):
         nproc = max_processes + 2  # counted per user namespace; +unshare +the program itself
     elif os.geteuid() == 0:
         nproc = max_processes  # not enforced for root anyway
@@ -437,8 +282,8 @@ def _sandbox_command(code_path: str, d: str, mode: str, *, timeout_s: float, mem
     cfg = {"dir": d, "file": code_path, "ns": ns, "network": bool(network), "memory_mb": int(memory_mb),
            "file_mb": int(max_file_mb), "cpu_s": int(timeout_s) + 2, "nproc": int(nproc),
            "pid_max": env_info.pid_max and mode == "full", **(extra or {})}
-    prefix = _ns_prefix(mode, env_info.unshare, network) if in_userns and env_info.unshare else []
-    return _Spawn(prefix + [sys.executable, "-I", "-B", "-c", _boot_source(), json.dumps(cfg)], ns)
+    prefix = probe.ns_prefix(mode, env_info.unshare, network) if in_userns and env_info.unshare else []
+    return _Spawn(prefix + [sys.executable, "-I", "-B", "-c", probe.boot_source(), json.dumps(cfg)], ns)
 
 
 def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_processes: int = 32,
@@ -447,11 +292,11 @@ def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max
 
     ``status`` is "passed" iff the program exits with status 0: a program can claim that by exiting early,
     so a verdict on model-written code comes from :func:`run_tests` instead. ``mode``: see
-    :func:`resolve_mode` (raises :class:`LoosespecError` where it is not available). Never raises for
-    anything the code does; an unusable sandbox gives status "error".
+    :func:`~loosespec.eval.sandbox_probe.resolve_mode` (raises :class:`LoosespecError` where it is not
+    available). Never raises for anything the code does; an unusable sandbox gives status "error".
     """
     t0 = time.monotonic()
-    mode = resolve_mode(mode)
+    mode = probe.resolve_mode(mode)
     if (missing := _no_interpreter(mode)) is not None:
         return missing
     with _program_dir(code) as (d, path):
@@ -459,7 +304,7 @@ def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max
                                  max_processes=max_processes, max_file_mb=max_file_mb, network=network)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _undumpable(mode != "full"):
             try:
-                proc = subprocess.Popen(spawn.cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(spawn.cmd, cwd=d, env=probe.child_env(d), stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, close_fds=True, start_new_session=True)
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
@@ -533,7 +378,7 @@ def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout
     itself failed (no verdict). ``stdout``/``stderr`` are the program's, ``detail`` the driver's reason.
     """
     t0 = time.monotonic()
-    mode = resolve_mode(mode)
+    mode = probe.resolve_mode(mode)
     if (missing := _no_interpreter(mode)) is not None:
         return missing
     exe = sys.executable
@@ -555,11 +400,11 @@ def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout
                 din.write(driver_cfg.encode("utf-8", "surrogatepass"))
                 din.seek(0)
                 try:
-                    procs.append(subprocess.Popen(spawn.cmd, cwd=d, env=_child_env(d), stdin=subprocess.DEVNULL,
+                    procs.append(subprocess.Popen(spawn.cmd, cwd=d, env=probe.child_env(d), stdin=subprocess.DEVNULL,
                                                   stdout=out, stderr=err, pass_fds=(req_r, resp_w),
                                                   start_new_session=True))
                     procs.append(subprocess.Popen([exe, "-I", "-B", "-c", _driver_source()], cwd=driver_dir,
-                                                  env=_child_env(driver_dir), stdin=din, stdout=dout, stderr=derr,
+                                                  env=probe.child_env(driver_dir), stdin=din, stdout=dout, stderr=derr,
                                                   pass_fds=(req_w, resp_r), start_new_session=True))
                 except (OSError, ValueError, subprocess.SubprocessError) as e:
                     return SandboxResult("error", None, "", f"could not start the sandbox: {e}",

@@ -38,9 +38,10 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-from loosespec.eval.bench_methods import baseline_of
+from loosespec.eval.bench_methods import BASELINE, baseline_of
 from loosespec.eval.results import LEGACY_WINDOW_MEANING, score_status, unique_rows
-from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS
+from loosespec.eval.peers.vllm import VLLM_BASELINE
+from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, METHODS
 
 
 DRAFT_LEVELS = ("lookup", "model", "none")  # loosespec.decode.draftlen's rounds_<level> counters
@@ -174,12 +175,18 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     for name in FLY_OFFICIAL_COUNTERS + FLY_ROUND_COUNTERS:  # rows written before 2026-12-04 lack them
         if any(name in r["stats"] for r in paired):
             fly[name] = sum(r["stats"].get(name, 0) for r in paired)
-    if fly["fly_prefix_mismatches"] or any(r.get("config", {}).get("method") == "fly" for r in paired):
+    if fly["fly_prefix_mismatches"] or any(_runs_fly(r) for r in paired):
         s.update(fly)
         meanings = {r.get("config", {}).get("fly_window_meaning", LEGACY_WINDOW_MEANING) for r in paired}
         s["fly_window_meaning"] = meanings.pop() if len(meanings) == 1 else "mixed"
     s.update(_levels(paired))
     return s
+
+
+def _runs_fly(row: dict) -> bool:
+    """Whether a loosespec row's method verified with FLy's window rule (its config names the method)."""
+    method = METHODS.get(row.get("config", {}).get("method"))
+    return method is not None and method.loose_window
 
 
 def _levels(rows: list[dict]) -> dict:
@@ -201,13 +208,13 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
     rows, repeated = unique_rows(rows)
     methods = list(methods or dict.fromkeys(r["method"] for r in rows))
     present = {r["method"] for r in rows}
-    base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in ("ar", "vllm-ar")}
+    base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in (BASELINE, VLLM_BASELINE)}
     out = {"methods": {}, "categories": {}}
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         if mine:
             b = baseline_of(m, present)
-            out["methods"][m] = {**_method_summary(mine, base[b]), **({"baseline": b} if b != "ar" else {})}
+            out["methods"][m] = {**_method_summary(mine, base[b]), **({"baseline": b} if b != BASELINE else {})}
     for cat in sorted({r["category"] for r in rows}):
         out["categories"][cat] = {}
         for m in methods:

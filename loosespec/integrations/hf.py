@@ -58,6 +58,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 
 from loosespec.config import KNOBS, DecodeConfig, knob_help
 from loosespec.errors import LoosespecError
+from loosespec.drafters import drafter_needs_draft_model
 from loosespec.methods import METHODS
 
 # knobs that come from the caller's GenerationConfig (transformers' names), not from keyword arguments; the stop
@@ -281,9 +282,10 @@ def _decode_config(model, gc, knobs: dict, has_draft: bool, max_new: int) -> Dec
     """The DecodeConfig a call asks for: sampling and length from the generation config, the rest from knobs."""
     sample = bool(gc.do_sample)
     method = knobs.pop("method", None) or ("rejection" if sample else "exact")
-    if sample and method == "exact":
-        raise GenerateArgumentError(f"do_sample=True{_origin(model, 'do_sample', True)} with method='exact', which is "
-                                    "greedy: pass do_sample=False, or sample with method='rejection' (lossless) or "
+    spec = METHODS.get(method)  # an unknown name: DecodeConfig.create says so
+    if sample and spec is not None and spec.greedy_only:
+        raise GenerateArgumentError(f"do_sample=True{_origin(model, 'do_sample', True)} with method={method!r}, which "
+                                    "is greedy: pass do_sample=False, or sample with method='rejection' (lossless) or "
                                     "'fly'")
     sampling = dict(temperature=0.0, top_p=1.0, top_k=0)
     if sample:
@@ -292,10 +294,10 @@ def _decode_config(model, gc, knobs: dict, has_draft: bool, max_new: int) -> Dec
         if "seed" not in knobs:  # torch.manual_seed before generate reproduces the run, as it does for generate
             knobs["seed"] = int(torch.randint(0, 2**62, (1,)).item())
     drafter = knobs.pop("drafter", None)
-    if not has_draft and method == "specguard":
-        raise GenerateArgumentError("method='specguard' drafts whole steps with a draft model: pass "
+    if not has_draft and spec is not None and spec.needs_draft_model:
+        raise GenerateArgumentError(f"method={method!r} drafts whole steps with a draft model: pass "
                                     "assistant_model=<a smaller model>")
-    if not has_draft and drafter in ("model", "mla"):
+    if not has_draft and drafter_needs_draft_model(drafter):
         raise GenerateArgumentError(f"drafter={drafter!r} drafts with a draft model: pass assistant_model=<a smaller "
                                     "model>, or use drafter='ngram'")
     return DecodeConfig.create(method, drafter, knobs.pop("num_draft_tokens", None), has_draft_model=has_draft,
@@ -371,9 +373,9 @@ def _engine(model, assistant, cfg: DecodeConfig, gc):
                 "drafting across tokenizers needs both tokenizers, and loosespec found none for "
                 f"{'the model' if tok is None else 'assistant_model'} (it loads them from name_or_path)")
         tok = draft_tok = tok or draft_tok  # one vocabulary: one tokenizer for both, as generate assumes
-    needs_text = cfg.method == "specguard"
+    needs_text = METHODS[cfg.method].step_level  # steps end at a delimiter in the text
     if tok is None and needs_text:
-        raise GenerateArgumentError("method='specguard' finds steps in text and needs the model's tokenizer; "
+        raise GenerateArgumentError(f"method={cfg.method!r} finds steps in text and needs the model's tokenizer; "
                                     "loosespec found none (it loads it from the model's name_or_path)")
     tok = tok if tok is not None else _NoTokenizer()
     engine = Engine(_loaded(model, tok), _loaded(assistant, draft_tok or tok) if assistant is not None else None)

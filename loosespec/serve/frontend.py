@@ -12,6 +12,7 @@ import torch
 
 from loosespec.config import ConfigError, DecodeConfig
 from loosespec.decode.text import encode_prompt
+from loosespec.methods import METHODS, needs_draft_model
 from loosespec.serve.protocol import (MAX_STOP_CHARS, MAX_STOP_STRINGS, SAMPLING_EPS, _NAMESPACES, ApiError,
                                       ChatCompletionRequest, CommonFields, ServerSettings, SpecFields)
 
@@ -122,11 +123,11 @@ class Frontend:
             raise ApiError(400, e.render("field"), param=e.field) from None
         except TypeError as e:  # a wrong type that slipped through (should not happen)
             raise ApiError(400, f"bad parameter: {e}") from None
-        if not has_draft and (cfg.drafter in ("model", "mla") or cfg.method == "specguard"):
-            what = "method 'specguard'" if cfg.method == "specguard" else f"drafter '{cfg.drafter}'"
+        if not has_draft and needs_draft_model(cfg.method, cfg.drafter):
+            own = METHODS[cfg.method].needs_draft_model  # the method's own steps, else its drafter
+            what = f"method '{cfg.method}'" if own else f"drafter '{cfg.drafter}'"
             raise ApiError(400, f"{what} needs a draft model, but this server has none (start it with "
-                           "--draft); use drafter 'ngram' or method 'ar'", param="drafter" if cfg.method !=
-                           "specguard" else "method")
+                           "--draft); use drafter 'ngram' or method 'ar'", param="method" if own else "drafter")
         return cfg
 
     def max_new_tokens(self, requested: Optional[int], prompt_len: int, param: str, chat: bool) -> int:

@@ -1,12 +1,13 @@
 """Acceptance rules as objects: ``(draft, target logits [K + 1, V]) -> Verdict``.
 
 Each wraps one of the pure tensor functions of :mod:`loosespec.verify` with what a method's
-configuration fixes (sampling parameters, FLy's knobs, the shared generator). The registry in
-:mod:`loosespec.methods` says which rule each method uses; the decode loop only calls them.
+configuration fixes (sampling parameters, FLy's parameters as a :class:`FlyParams`, the shared generator). The
+registry in :mod:`loosespec.methods` says which rule each method uses; the decode loop only calls them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -52,30 +53,41 @@ class RejectionRule:
         return rejection_verify(draft.tokens, draft_probs(draft, p.shape[-1]), p, self.generator)
 
 
-class FlyRule:
-    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0; with
-    ``copy_guard`` (:class:`loosespec.verify.fly.PromptCopyGuard`, a labeled variant), no deferral where the
-    draft copies the request's prompt."""
+@dataclass(frozen=True)
+class FlyParams:
+    """FLy's parameters for one run, as :func:`~loosespec.verify.fly.fly_verify_greedy` and the sampling variants
+    take them (the knobs ``fly_entropy_threshold``, ``fly_window_size``, ``fly_entropy_top_k``, ``num_draft_tokens``
+    and ``fly_boundary`` of :class:`loosespec.config.DecodeConfig`)."""
 
-    def __init__(self, theta: float, window_size: int, top_k: int, num_draft_tokens: int, fly_sampling: str,
-                 sampling: SamplingParams, generator: torch.Generator | None,
-                 copy_guard: PromptCopyGuard | None = None, boundary: str = "window"):
+    theta: float  # entropy gate, nats
+    window_size: int  # W: positions after a mismatch that must match
+    top_k: int  # the entropy is over the target's top-k probabilities
+    num_draft_tokens: int | None  # the nominal K the official boundary follows (None: the draft's length)
+    boundary: str  # "window" | "official" (verify.fly.FLY_BOUNDARIES)
+
+
+class FlyRule:
+    """FLy loose verification (LOSSY): greedy, or one of the two sampling variants for T > 0 (``fly_sampling``:
+    ``two-sample`` | ``rejection``); with ``copy_guard`` (:class:`loosespec.verify.fly.PromptCopyGuard`, a labeled
+    variant), no deferral where the draft copies the request's prompt."""
+
+    def __init__(self, params: FlyParams, fly_sampling: str, sampling: SamplingParams,
+                 generator: torch.Generator | None, copy_guard: PromptCopyGuard | None = None):
+        self.params = params  # the official boundary follows the nominal K even when a round drafts fewer
         self.sampling = sampling
         self.generator = generator
         self.variant = "greedy" if sampling.greedy else fly_sampling
-        # the official boundary follows the nominal K even when a round drafts fewer (cost-aware length, end, budget)
-        self.knobs = {"theta": theta, "window_size": window_size, "top_k": top_k,
-                      "num_draft_tokens": num_draft_tokens, "boundary": boundary}
         self.copy_guard = copy_guard
 
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
-        knobs = self.knobs
-        if self.copy_guard is not None:
-            knobs = {**knobs, "copy": self.copy_guard(draft.tokens).to(logits.device)}
+        p = self.params
+        copy = self.copy_guard(draft.tokens).to(logits.device) if self.copy_guard is not None else None
+        kw = dict(theta=p.theta, window_size=p.window_size, top_k=p.top_k, num_draft_tokens=p.num_draft_tokens,
+                  copy=copy, boundary=p.boundary)
         if self.variant == "greedy":
-            return fly_verify_greedy(draft.tokens, logits, **knobs)
-        p = logits_to_probs(logits, self.sampling)
+            return fly_verify_greedy(draft.tokens, logits, **kw)
+        probs = logits_to_probs(logits, self.sampling)
         if self.variant == "two-sample":
-            return fly_verify_two_sample(draft.tokens, logits, p, self.generator, **knobs)
-        return fly_verify_rejection(draft.tokens, draft_probs(draft, p.shape[-1]), logits, p, self.generator,
-                                    **knobs)
+            return fly_verify_two_sample(draft.tokens, logits, probs, self.generator, **kw)
+        return fly_verify_rejection(draft.tokens, draft_probs(draft, probs.shape[-1]), logits, probs, self.generator,
+                                    **kw)

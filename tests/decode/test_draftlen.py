@@ -198,7 +198,7 @@ def test_exploration_rounds_are_counted():
     events = []
     for _ in range(16):
         draft = d.propose(torch.tensor([1, 2, 3]), K)
-        events.append(dict(d.round_events))
+        events.append(dict(draft.events))  # what the drafter chose travels on the draft
         d.feedback(len(draft), 1)  # an exact-looking round: no first miss reported, nothing learnt of the window
     explored = [e for e in events if e.get("rounds_explore")]
     assert 1 <= len(explored) <= 2 and all(e.get("rounds_lookup") for e in explored)
@@ -280,12 +280,12 @@ def test_levels_pick_free_lookup_over_the_draft_model_and_learn_per_level():
     d = CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(INT8, 0.0, K)),
                           Level("model", model, DraftLengthPolicy(INT8, 0.04, K), lm)])
     draft = d.propose(torch.tensor([1, 2, 3]), K)
-    assert d.round_events == {"rounds_lookup": 1} and len(draft) == d.last_choice > 0
+    assert draft.events == {"rounds_lookup": 1} and len(draft) == draft.chosen > 0
     assert model.calls == 0  # the costly level never ran
     d.feedback(len(draft), len(draft))
     lookup.tokens = []  # no lookup match: the draft model drafts, and its modelled cost is learnt
     draft = d.propose(torch.tensor([1, 2, 3]), K)
-    assert d.round_events == {"rounds_model": 1} and model.calls == 1
+    assert draft.events == {"rounds_model": 1} and model.calls == 1
     d.feedback(len(draft), 0)
     assert d.levels[1].policy.estimate.trials[0] > 0 and d.levels[1].policy.estimate.hits[0] == 0
     assert d.levels[1].policy.draft_token_cost == pytest.approx(0.04)

@@ -5,7 +5,7 @@ import torch
 
 from loosespec import DecodeConfig
 from loosespec.drafters import MlaDrafter, ModelDrafter
-from loosespec.decode.engine import decode
+from loosespec.decode.loop import decode
 from loosespec.decode.kv import CachedLM
 from loosespec.decode.stats import Stats
 from loosespec.verify import SamplingParams

@@ -27,9 +27,10 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.decode.engine import Engine, decode
+from loosespec.decode.engine import Engine
+from loosespec.decode.loop import decode
 from loosespec.decode.stats import Stats
-from loosespec.drafters.base import Draft
+from loosespec.drafters.base import Draft, Drafter
 from loosespec.models import LoadedModel, ModelSource
 from loosespec.verify import SamplingParams, logits_to_probs
 from conftest import perturbed_copy
@@ -222,7 +223,7 @@ def shared_uniform(monkeypatch):
     monkeypatch.setattr(rejection, "native_accept", native_accept)
 
 
-class PerturbedQ:
+class PerturbedQ(Drafter):
     """Fault: the drafter reports ``q^0.7`` (renormalised) as the distribution its tokens were drawn from (as if
     it reported q at another temperature than it sampled at)."""
 

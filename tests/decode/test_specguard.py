@@ -8,6 +8,7 @@ import torch
 from loosespec import DecodeConfig
 from loosespec.errors import LoosespecError
 from loosespec.decode.steps import CandidateFirst, draft_candidate
+from loosespec.drafters.base import Drafter
 from loosespec.verify.grounding import (accept_step, attention_rollout, grounding_from_step_rows, grounding_score,
                                         medoid, step_confidence, step_length, step_score)
 
@@ -130,7 +131,7 @@ def test_candidate_embedding_is_over_its_own_tokens(tiny_engine):
     assert not torch.allclose(c.hidden, producing, atol=1e-4)
 
 
-class _Rest:
+class _Rest(Drafter):
     name = "rest"
 
     def propose(self, seq, k):

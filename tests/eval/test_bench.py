@@ -292,7 +292,7 @@ def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("LOOSESPEC_SANDBOX", raising=False)
     out = tmp_path / "he"
     args = [a if a != "gsm8k" else "humaneval" for a in bench_args(tiny_dir, out, limit=1, tokens=8, methods="ar")]
-    from loosespec.eval.sandbox import resolve_mode
+    from loosespec.eval.sandbox_probe import resolve_mode
 
     for flags, mode in ((["--allow-code-execution"], resolve_mode()), (["--allow-code-execution", "--sandbox", "none"],
                                                                       "none")):

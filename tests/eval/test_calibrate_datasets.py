@@ -5,7 +5,8 @@ import json
 import pytest
 
 from loosespec.eval.calibrate import propose_tau, roc_auc
-from loosespec.eval.datasets import is_correct, load_dataset
+from loosespec.eval.datasets import load_dataset
+from loosespec.eval.scoring import is_correct
 from loosespec.errors import LoosespecError
 
 

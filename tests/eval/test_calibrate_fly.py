@@ -12,7 +12,7 @@ import torch
 from loosespec.config import FLY_PRESETS
 from loosespec.eval.calibrate_fly import (BASELINE, EXACT, SITTING, FlySetting, RunsFile, calibrate_fly, choose, format_report,
                                           frontier, grid, replay_round, screen, summarize_run)
-from loosespec.eval.datasets import Problem
+from loosespec.eval.datafiles import Problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,7 +154,7 @@ def test_summarize_run_leaves_failed_scorings_out_of_retention():
 
 
 def test_a_failed_scoring_is_scored_again_on_resume_without_generating(tiny_engine, tmp_path):
-    from loosespec.eval.datasets import ScoringError
+    from loosespec.eval.scoring import ScoringError
 
     problems = [Problem(f"t/{i}", "t", p, None) for i, p in enumerate(["def add(a, b):\n    return a + b\n\ndef sub(a",
                                                                        "one two three one two three one two"])]

@@ -10,7 +10,8 @@ import pytest
 
 from loosespec.errors import LoosespecError
 from loosespec.eval import datasets as D
-from loosespec.eval import sandbox
+from loosespec.eval import sandbox, sandbox_probe, scoring
+from loosespec.eval.datafiles import Problem
 
 OPT_IN = {"allow_code_execution": True}
 
@@ -23,7 +24,7 @@ def he():
 @pytest.fixture(params=["auto", "none"])
 def mode(request, monkeypatch):
     monkeypatch.setenv("LOOSESPEC_SANDBOX", request.param)
-    return sandbox.resolve_mode()
+    return sandbox_probe.resolve_mode()
 
 
 def reply(code: str) -> str:
@@ -33,16 +34,16 @@ def reply(code: str) -> str:
 # ------------------------------------------------------------------------------------ opt-in (item 1)
 
 def test_running_model_code_must_be_asked_for(he, monkeypatch):
-    monkeypatch.delenv(D.CODE_EXECUTION_ENV, raising=False)
+    monkeypatch.delenv(scoring.CODE_EXECUTION_ENV, raising=False)
     with pytest.raises(LoosespecError, match="--allow-code-execution"):
         D.judge("humaneval", he[0], reply(he[0].meta["prompt"] + he[0].answer))
     with pytest.raises(LoosespecError, match="LOOSESPEC_ALLOW_CODE_EXECUTION"):
         D.check_code_execution(["gsm8k", "mbpp-train"])
     assert D.check_code_execution(["gsm8k", "math500"]) is None  # nothing runs code: nothing to allow
     assert D.judge("humaneval", he[0], reply(he[0].meta["prompt"] + he[0].answer), **OPT_IN).status == "right"
-    monkeypatch.setenv(D.CODE_EXECUTION_ENV, "1")
+    monkeypatch.setenv(scoring.CODE_EXECUTION_ENV, "1")
     assert D.judge("humaneval", he[0], reply(he[0].meta["prompt"] + he[0].answer)).status == "right"
-    assert D.check_code_execution(["humaneval"]) == sandbox.resolve_mode()
+    assert D.check_code_execution(["humaneval"]) == sandbox_probe.resolve_mode()
 
 
 def test_the_mode_is_in_every_verdict(he, mode):
@@ -152,7 +153,7 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_wrong_answer(he, monkeypa
     monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python3")
     v = D.judge("humaneval", he[0], reply(he[0].meta["prompt"] + he[0].answer), **OPT_IN)
     assert v.status == "error" and v.score is None and "no usable Python" in v.detail["error"], v
-    with pytest.raises(D.ScoringError):
+    with pytest.raises(scoring.ScoringError):
         D.score("humaneval", he[0], reply(he[0].meta["prompt"] + he[0].answer), **OPT_IN)
 
 
@@ -164,7 +165,7 @@ def test_a_program_that_times_out_is_wrong_not_an_error(he):
 
 
 def test_a_scorer_bug_is_an_error(monkeypatch):
-    p = D.Problem("math500/x", "math500", "q", "4")
+    p = Problem("math500/x", "math500", "q", "4")
     assert D.judge("math500", p, "so \\boxed{4}").status == "right"
     assert D.judge("math500", p, "no idea").status == "wrong"
 
@@ -179,7 +180,7 @@ def test_a_scorer_bug_is_an_error(monkeypatch):
 
 
 def test_verdicts_from_plain_values():
-    assert D.as_verdict(True).score is True and D.as_verdict(False).status == "wrong"
-    assert D.as_verdict(None).status == "unscored" and D.as_verdict(None).score is None
+    assert scoring.as_verdict(True).score is True and scoring.as_verdict(False).status == "wrong"
+    assert scoring.as_verdict(None).status == "unscored" and scoring.as_verdict(None).score is None
     with pytest.raises(ValueError):
-        D.Verdict("maybe")
+        scoring.Verdict("maybe")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from loosespec.errors import LoosespecError
+from loosespec.eval import datafiles
 from loosespec.eval import datasets as D
 from loosespec.eval import bench_methods as M
 from loosespec.eval import harness as H
@@ -24,7 +25,8 @@ from loosespec.eval import report as RP
 from loosespec.eval import results as R
 from loosespec.eval import run as RN
 from loosespec.eval import stats as S
-from loosespec.eval.datasets import Problem, ScoringError, Verdict
+from loosespec.eval.datafiles import Problem
+from loosespec.eval.scoring import ScoringError, Verdict
 
 PROBLEMS = [Problem(f"toy/{i}", "toy", f"question {i}", str(i)) for i in range(3)]
 CONFIG = {"dataset": "gsm8k", "max_new_tokens": 8, "target": None, "draft": None}
@@ -349,7 +351,7 @@ def test_each_run_records_its_provenance_and_a_resume_still_matches(tmp_path, mo
     assert target["files"]["model.safetensors"] == hashlib.sha256(b"weights").hexdigest()
     assert one["models"]["draft"] == {"spec": "someone/some-model", "kind": "hub", "revision": None,
                                       "requested_revision": None}
-    shipped = D.data_file("gsm8k_test.jsonl")
+    shipped = datafiles.data_file("gsm8k_test.jsonl")
     assert one["data_files"] == {"gsm8k_test.jsonl": {"path": str(Path(shipped).resolve()),
                                                       "sha256": hashlib.sha256(Path(shipped).read_bytes()).hexdigest()}}
     assert {r["run_id"] for r in R.ResultsFile(out / R.RESULTS).read()} == {first.run_id}  # each row names its run
@@ -394,7 +396,7 @@ def test_the_provenance_names_the_files_each_loader_reads(monkeypatch):
         read.append(name)
         raise Read
 
-    monkeypatch.setattr(D, "_load", record)
+    monkeypatch.setattr(datafiles, "load_rows", record)
     assert set(P.DATASET_FILES) == set(D.DATASETS)
     for name in D.DATASETS:
         read.clear()

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
-from loosespec.eval import datasets
-from loosespec.eval.datasets import DATASETS, HUMANEVAL_PROMPT, humaneval_program, load_dataset, score
+from loosespec.eval.datafiles import SHIPPED
+from loosespec.eval.datasets import DATASETS, load_dataset, score
+from loosespec.eval.loaders import HUMANEVAL_PROMPT
+from loosespec.eval.scoring import defines, humaneval_program
 from loosespec.errors import LoosespecError
 
 
@@ -25,7 +27,7 @@ def problems():
 
 
 def _rows():
-    path = datasets.SHIPPED / "mbpp.jsonl"
+    path = SHIPPED / "mbpp.jsonl"
     return {r["task_id"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
 
 
@@ -71,7 +73,7 @@ def test_every_stub_is_valid_python_with_the_signature_and_the_asserts(problems)
 
 def test_every_entry_point_is_defined_by_the_reference(problems):
     for p in problems:
-        assert datasets._defines(p.answer, p.meta["entry_point"]), p.id
+        assert defines(p.answer, p.meta["entry_point"]), p.id
     by_id = {p.id: p.meta["entry_point"] for p in problems}
     assert by_id["mbpp-train/601"] == "max_chain_length"
     assert by_id["mbpp-train/912"] == "lobb_num"  # first assert calls int(...): the reference's last def
