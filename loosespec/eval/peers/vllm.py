@@ -6,8 +6,9 @@ counters from vLLM's ``/metrics``.
 - ``vllm-ar``: no speculation; the baseline of the other ``vllm-*`` methods (speedup, recovery).
 - ``vllm-ngram``: vLLM's prompt lookup (``method: ngram``), exact.
 - ``vllm-draft``: the draft model (``method: draft_model``), exact.
-- ``vllm-fly`` / ``vllm-fly-ngram``: the same drafts verified by FLy through the loosespec plugin
-  (LOSSY).
+- ``vllm-fly`` / ``vllm-fly-ngram``: the same drafts verified by FLy (LOSSY): vLLM's own FLy where the
+  installed vLLM has it (``rejection_sample_method: "fly"`` and the ``fly_*`` keys in ``--speculative-config``),
+  else the loosespec plugin (:func:`fly_route`; ``LOOSESPEC_VLLM_FLY_PATH`` overrides).
 
 Per request: ``wall_s`` is the client's time from request to complete response;
 ``mean_accepted_length`` is vLLM's (1 + accepted / drafts), from the counters' change over the
@@ -31,10 +32,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loosespec.config import VLLM_KNOBS, knob_default
+from loosespec.drafters import DRAFTERS
 from loosespec.errors import LoosespecError
+from loosespec.methods import METHODS, Method
 
-VLLM_METHODS = ("vllm-ar", "vllm-ngram", "vllm-draft", "vllm-fly", "vllm-fly-ngram")
-VLLM_BASELINE = "vllm-ar"
+# each vLLM method and the loosespec (method, drafter) it serves: vLLM's draft_model proposer for a drafter that
+# drafts with the draft model, its ngram proposer for one that does not
+VLLM_SERVES: dict[str, tuple[str, str | None]] = {
+    "vllm-ar": ("ar", None), "vllm-ngram": ("exact", "ngram"), "vllm-draft": ("exact", "model"),
+    "vllm-fly": ("fly", "model"), "vllm-fly-ngram": ("fly", "ngram")}
+VLLM_METHODS = tuple(VLLM_SERVES)
+VLLM_BASELINE = next(name for name, (m, _) in VLLM_SERVES.items() if not METHODS[m].speculative)
 # vLLM's speculative-decoding counters; a loosespec server exports the same ones under "loosespec:"
 METRICS = {"drafts": "spec_decode_num_drafts", "draft_tokens": "spec_decode_num_draft_tokens",
            "accepted": "spec_decode_num_accepted_tokens"}
@@ -50,6 +58,20 @@ CPU_ENV = {  # vLLM's CPU backend: OpenMP threads on every core, none reserved, 
 
 def is_vllm_method(method: str) -> bool:
     return method.startswith("vllm-")
+
+
+def served(method: str) -> tuple[Method, str | None]:
+    """The loosespec method a vLLM method serves, and its drafter (None: no speculation)."""
+    if method not in VLLM_SERVES:
+        raise LoosespecError(f"unknown vLLM method '{method}' (known: {', '.join(VLLM_METHODS)})")
+    name, drafter = VLLM_SERVES[method]
+    return METHODS[name], drafter
+
+
+def needs_draft(method: str) -> bool:
+    """Whether the vLLM method drafts with the draft model (vLLM's draft_model proposer)."""
+    drafter = served(method)[1]
+    return drafter is not None and DRAFTERS[drafter].needs_draft_model
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,9 @@ class VllmSettings:
     # sizes it from the memory left free when loosespec's own engine holds part of the same GPU
     # (gpu_memory_share), since vLLM refuses to start when less than its share is free.
     gpu_memory_utilization: float | None = None
+    # how vllm-fly* runs FLy: auto (vLLM's native FLy where its SpeculativeConfig has it, else the plugin) | native
+    # | plugin; None: LOOSESPEC_VLLM_FLY_PATH, else auto (fly_route)
+    fly_path: str | None = None
 
 
 DEFAULT_SPECULATIVE_TOKENS = 5  # vLLM's draft_model / ngram: what the issue measured best on this CPU
@@ -82,7 +107,7 @@ def speculative_tokens(method: str, s: VllmSettings) -> int:
     vLLM's default min(6, k - 1))."""
     from loosespec.config import FLY_NUM_DRAFT_TOKENS
 
-    fly = method.startswith("vllm-fly")
+    fly = served(method)[0].loose_window
     k = s.num_speculative_tokens or (FLY_NUM_DRAFT_TOKENS if fly else DEFAULT_SPECULATIVE_TOKENS)
     w = s.fly.get("fly_window_size")
     if fly and w is not None and k <= w:
@@ -91,23 +116,82 @@ def speculative_tokens(method: str, s: VllmSettings) -> int:
     return k
 
 
+@dataclass(frozen=True)
+class FlyRoute:
+    """How a ``vllm-fly*`` method runs FLy: ``native`` (vLLM's own, asked for in ``--speculative-config``) or
+    ``plugin`` (loosespec's, enabled by ``LOOSESPEC_*`` variables), and why."""
+
+    path: str
+    reason: str
+    version: str | None = None  # the vLLM asked, where known
+
+
+def fly_route(method: str, s: VllmSettings) -> FlyRoute | None:
+    """The FLy path for ``method`` (None: not a FLy method). ``auto`` asks the vLLM at ``s.vllm_bin`` whether its
+    ``SpeculativeConfig`` declares native FLy (:func:`loosespec.integrations.vllm.native.probe`, once per process):
+    native where it does and runs there (not on a CPU build: vLLM's native FLy is GPU code), the plugin otherwise.
+    ``native`` on a vLLM without it is an error; ``plugin`` keeps the plugin even where vLLM has its own."""
+    from loosespec.integrations.vllm import native as N
+
+    if not served(method)[0].loose_window:
+        return None
+    try:
+        want = N.requested_path(s.fly_path)
+    except ValueError as e:
+        raise LoosespecError(str(e)) from None
+    if want == "plugin":  # nothing to ask the vLLM
+        return FlyRoute("plugin", f"{N.FLY_PATH_ENV}=plugin")
+    found = N.probe(s.vllm_bin)
+    if want == "native":
+        if not found.native:
+            raise LoosespecError(f"{N.FLY_PATH_ENV}=native, but the vLLM at {s.vllm_bin} has no native FLy "
+                                 f"({found.reason}): vLLM 0.33.0 or later has it, or use the plugin path (auto)")
+        return FlyRoute("native", f"asked for vLLM's native FLy ({found.reason})", found.version)
+    if found.usable:
+        return FlyRoute("native", f"vLLM has FLy natively ({found.reason})", found.version)
+    why = "a CPU build: vLLM's native FLy runs on GPUs only" if found.native else "no native FLy"
+    return FlyRoute("plugin", f"{why} ({found.reason})", found.version)
+
+
+def fly_record(method: str, s: VllmSettings) -> dict:
+    """What a result row records of the FLy path (empty for a method without FLy): the path, why, and on the
+    native path where vLLM's FLy differs from what the knobs ask of the plugin (so rows of the two paths are never
+    compared unawares)."""
+    route = fly_route(method, s)
+    if route is None:
+        return {}
+    out = {"fly_path": route.path, "fly_route": route.reason}
+    if route.path == "native":
+        from loosespec.integrations.vllm.native import native_differences
+
+        out["fly_native_differences"] = native_differences(s.fly)
+    return out
+
+
 def speculative_config(method: str, s: VllmSettings) -> dict | None:
-    if method == "vllm-ar":
+    if served(method)[1] is None:  # no speculation
         return None
     k = speculative_tokens(method, s)
-    if method in ("vllm-ngram", "vllm-fly-ngram"):
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    if method in ("vllm-draft", "vllm-fly"):
-        if not s.draft:
-            raise LoosespecError(f"method '{method}' needs a draft model (--draft)")
-        return {"method": "draft_model", "model": s.draft, "num_speculative_tokens": k}
-    raise LoosespecError(f"unknown vLLM method '{method}' (known: {', '.join(VLLM_METHODS)})")
+    if not needs_draft(method):
+        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    elif not s.draft:
+        raise LoosespecError(f"method '{method}' needs a draft model (--draft)")
+    else:
+        spec = {"method": "draft_model", "model": s.draft, "num_speculative_tokens": k}
+    route = fly_route(method, s)
+    if route is not None and route.path == "native":  # vLLM's own FLy: same knob names, same window meaning
+        from loosespec.integrations.vllm.native import native_fly_config
+
+        try:
+            spec.update(native_fly_config(s.fly, k))
+        except ValueError as e:
+            raise LoosespecError(f"{method} on vLLM's native FLy: {e}") from None
+    return spec
 
 
 def method_for(method: str, drafter: str | None) -> str:
     """loosespec's (method, drafter) -> the vLLM method serving it, or an error saying what vLLM lacks."""
-    table = {("ar", None): "vllm-ar", ("exact", "ngram"): "vllm-ngram", ("exact", "model"): "vllm-draft",
-             ("fly", "model"): "vllm-fly", ("fly", "ngram"): "vllm-fly-ngram"}
+    table = {serves: name for name, serves in VLLM_SERVES.items()}
     if (method, drafter) not in table:
         raise LoosespecError(f"--engine vllm serves ar, exact or fly with --drafter model or ngram (vLLM's "
                              f"draft_model and ngram proposers); not {method}" + (f" with {drafter}" if drafter else ""))
@@ -133,11 +217,14 @@ def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec)]
     env = dict(CPU_ENV)
-    if method.startswith("vllm-fly"):
+    route = fly_route(method, s)
+    if route is not None and route.path == "plugin":  # FLy's rule, run by the loosespec plugin
+        from loosespec.integrations.vllm.native import FLY_PATH_ENV
         from loosespec.integrations.vllm.rule import fly_env
 
         env.update(fly_env(s.fly))
-    else:
+        env[FLY_PATH_ENV] = "plugin"  # patch even a vLLM whose native FLy this route passed over (a CPU build)
+    else:  # exact verification, or vLLM's native FLy (in --speculative-config): the plugin stays off
         env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] = "standard"
     return argv, env
 
@@ -216,9 +303,11 @@ class VllmServer:
 
     def __enter__(self) -> "VllmServer":
         argv, env = server_command(self.method, self.settings, self.port)
+        route = fly_route(self.method, self.settings)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
-        log.write(f"\n# {' '.join(argv)}\n# env {json.dumps(env)}\n")
+        log.write(f"\n# {' '.join(argv)}\n# env {json.dumps(env)}\n"
+                  + (f"# FLy: {route.path} ({route.reason})\n" if route else ""))
         log.flush()
         self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -4,7 +4,9 @@ speculative-decoding verification (LOSSY when enabled).
 - :mod:`loosespec.integrations.vllm.rule`: the adapter from vLLM's flattened tensors (``cu_num_draft_tokens``,
   ``-1`` padding) to :mod:`loosespec.verify.fly`, importable without vLLM.
 - :mod:`loosespec.integrations.vllm.plugin`: the entry point vLLM calls in each of its processes; it wraps
-  vLLM's ``rejection_sample`` when ``LOOSESPEC_REJECTION_SAMPLE_METHOD=fly``.
+  vLLM's ``rejection_sample`` when ``LOOSESPEC_REJECTION_SAMPLE_METHOD=fly``, unless that vLLM has FLy natively.
+- :mod:`loosespec.integrations.vllm.native`: whether a vLLM has FLy natively (its ``SpeculativeConfig``'s fields:
+  vLLM 0.33.0 and later), and loosespec's FLy knobs as vLLM's native ``speculative_config`` keys.
 
 Configuration (environment, read in every vLLM process; the names are vLLM's ``speculative_config``
 names from the upstream FLy pull request, upper-cased and prefixed)::

@@ -6,7 +6,10 @@ of ``vllm.v1.sample.rejection_sampler`` (called by the V1 runner's ``RejectionSa
 runner vLLM uses on CPU) by :func:`loosespec.integrations.vllm.rule.fly_rejection_sample`, and wraps
 ``apply_sampling_constraints`` to keep a copy of the raw logits for FLy's entropy gate (vLLM
 divides sampled requests' logits by their temperature in place before verification). Without the
-variable the plugin does nothing, so installing loosespec into a vLLM environment changes nothing.
+variable the plugin does nothing, so installing loosespec into a vLLM environment changes nothing. On a vLLM
+that has FLy natively (its ``SpeculativeConfig`` declares ``fly_window_size``, ``fly_entropy_threshold`` and
+``fly_entropy_top_k``: vLLM 0.33.0 and later) it refuses to patch, with a log line: vLLM's own FLy is asked for
+in ``speculative_config`` (:mod:`loosespec.integrations.vllm.native`), unless ``LOOSESPEC_VLLM_FLY_PATH=plugin``.
 
 On GPUs vLLM's default V2 model runner (``vllm/v1/worker/gpu/spec_decode``) verifies with its own
 fused kernel and another layout; the plugin wraps its ``RejectionSampler._verify`` (which holds the raw
@@ -21,6 +24,7 @@ path is tested on hand-built V2-shaped tensors and against the installed class's
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import json
@@ -137,11 +141,15 @@ class FlyCounters:
 
 
 def register() -> None:
-    """Entry point (``vllm.general_plugins``): patch vLLM's verification when FLy is enabled."""
+    """Entry point (``vllm.general_plugins``): patch vLLM's verification when FLy is enabled, unless this vLLM
+    has FLy natively (:func:`loosespec.integrations.vllm.native.native_fly_in_process`): then it refuses, with a
+    log line saying how to ask vLLM for it, unless ``LOOSESPEC_VLLM_FLY_PATH=plugin`` insists."""
     settings = FlySettings.from_env()
     if settings is None:
         return
     sampled_path = v2_sampled_path()  # a bad value refused before anything is patched
+    if refuse_for_native_fly(settings):
+        return
     import vllm.v1.sample.rejection_sampler as rs
 
     if getattr(rs.rejection_sample, "_loosespec", False):  # already patched in this process
@@ -180,6 +188,26 @@ def register() -> None:
     log.warning("loosespec: FLy (LOSSY) verifies vLLM's drafts: window %s positions after a mismatch, entropy "
                 "threshold %s, top-%d, boundary %s (unset: vLLM's native defaults)", settings.fly_window_size,
                 settings.fly_entropy_threshold, settings.fly_entropy_top_k, settings.fly_boundary)
+
+
+def refuse_for_native_fly(settings: FlySettings) -> bool:
+    """True (and a warning) when this vLLM verifies with FLy natively and the plugin is not insisted on: vLLM's
+    own FLy is then the one to use, asked for in ``speculative_config`` (what ``loosespec serve --engine vllm`` and
+    ``bench`` pass there), and wrapping its private sampler would fight it."""
+    from loosespec.integrations.vllm.native import FLY_PATH_ENV, native_fly_config, native_fly_in_process, requested_path
+
+    native, found = native_fly_in_process()
+    if not native or requested_path() == "plugin":
+        return False
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    try:
+        example = json.dumps(native_fly_config({**values, "fly_boundary": None}, 15))
+    except ValueError as e:
+        example = f'{{"rejection_sample_method": "fly", ...}} ({e})'
+    log.warning("loosespec: this vLLM has FLy natively (%s); the loosespec plugin does not patch it. Ask vLLM for "
+                "it in --speculative-config, e.g. %s merged into the proposer's settings (loosespec serve --engine "
+                "vllm and bench do); set %s=plugin to patch anyway", found, example, FLY_PATH_ENV)
+    return True
 
 
 # what the wrapper reads from vLLM's V2 ``RejectionSampler._verify``, by parameter name (its positional order and
