@@ -57,10 +57,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
     args = ap.parse_args(argv)
 
+    from transformers import AutoTokenizer
+
     from loosespec.decode.text import encode_prompt
     from loosespec.eval.datasets import load_dataset
     from loosespec.models import resolve
-    from transformers import AutoTokenizer
 
     cost = CostCurve.from_dict(json.loads(args.cost.read_text()))
     lines = [f"Prompt-lookup searches replayed on committed `ar` outputs: exact verification, K = {args.k}, "

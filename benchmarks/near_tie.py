@@ -14,9 +14,9 @@ import argparse
 
 import torch
 
+from loosespec.decode.text import encode_prompt
 from loosespec.eval.loaders import gsm8k
 from loosespec.models import load
-from loosespec.decode.text import encode_prompt
 
 
 def main(argv=None) -> int:

@@ -95,9 +95,9 @@ def drafts_table(root: Path) -> str:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_acceptance import report as cpu_report  # noqa: E402
 from fly_acceptance import report as fly_default_report  # noqa: E402
-from precision_accuracy import compare  # noqa: E402
 from forward_compare import compare as forward_compare  # noqa: E402
 from forward_cost import render as forward_cost_render  # noqa: E402
+from precision_accuracy import compare  # noqa: E402
 
 
 def render(md: str) -> str:

@@ -21,10 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loosespec.drafters import DRAFTERS
+
 # FLy's counter names live with its rule; FLY_WINDOW_MEANING is re-exported for the bench harness
-from loosespec.verify.fly import FLY_WINDOW_MEANING  # noqa: F401 (re-exported)
-from loosespec.verify.fly import (FLY_COUNTERS, FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS,
-                                  PromptCopyGuard)
+from loosespec.verify.fly import (
+    FLY_COUNTERS,
+    FLY_GUARD_COUNTERS,
+    FLY_OFFICIAL_COUNTERS,
+    FLY_ROUND_COUNTERS,
+    FLY_WINDOW_MEANING,  # noqa: F401 (re-exported)
+    PromptCopyGuard,
+)
 from loosespec.verify.rules import FlyParams, FlyRule, GreedyRule, RejectionRule, Rule
 from loosespec.verify.sampling import SamplingParams
 

@@ -21,8 +21,15 @@ import torch
 from loosespec.errors import LoosespecError
 from loosespec.hardware import Precision, resolve_precision
 from loosespec.weights.convert import READY_MARKER, convert_gguf, gguf_cache_dir
-from loosespec.weights.embedded import (DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED, gguf_file, list_models, pull,
-                                        verified_gguf)
+from loosespec.weights.embedded import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    EMBEDDED,
+    gguf_file,
+    list_models,
+    pull,
+    verified_gguf,
+)
 from loosespec.weights.store import LOCK, cache_root, locked
 
 log = logging.getLogger(__name__)

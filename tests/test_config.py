@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from loosespec.config import KNOBS, ConfigError, DecodeConfig, knob_default, knob_info
 
@@ -82,8 +81,9 @@ def test_cli_options_derive_from_the_schema():
         if k.cli:
             assert set(flags) <= gen, name
             assert set(flags) <= serve or name in ("max_new_tokens", "stop"), name
-    from loosespec.cli import app
     import typer
+
+    from loosespec.cli import app
 
     helps = {p.name: p.help for p in typer.main.get_command(app).commands["generate"].params}
     assert helps["fly_window_size"].startswith("FLy (lossy)") and helps["sg_tau"].startswith("SpecGuard (lossy)")

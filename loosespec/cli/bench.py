@@ -8,8 +8,15 @@ from typing import List, Optional
 
 import typer
 
-from loosespec.cli.options import (ALLOW_CODE_HELP, DATA_DIR_HELP, SANDBOX_HELP, csv_numbers, knob_options,
-                                   load_options, tqdm_write)
+from loosespec.cli.options import (
+    ALLOW_CODE_HELP,
+    DATA_DIR_HELP,
+    SANDBOX_HELP,
+    csv_numbers,
+    knob_options,
+    load_options,
+    tqdm_write,
+)
 from loosespec.cli.root import app
 from loosespec.errors import LoosespecError
 from loosespec.loading import LoadConfig
@@ -68,10 +75,10 @@ def bench(
     """
     from loosespec.cli.serve import vllm_dtype
     from loosespec.eval import bench_methods as M
+    from loosespec.eval import datasets as D
     from loosespec.eval import harness as B
     from loosespec.eval import report as RP
     from loosespec.eval import results as R
-    from loosespec.eval import datasets as D
 
     target, dtype = load.target, load.dtype
     max_new_tokens, temperature, top_p, top_k, seed, sg_tau, adaptive_draft_length = (knobs[n] for n in BENCH_KNOBS)
@@ -180,8 +187,8 @@ def bench(
                  f"{len(done)} already in {out / R.RESULTS}")
         vllm = None
         if any(m.startswith("vllm-") for m in method_list):
-            from loosespec.models import resolve
             from loosespec.eval.peers.vllm import VllmSettings
+            from loosespec.models import resolve
 
             if precision.name not in ("bfloat16", "float32", "int8") or (resolved != "cpu"
                                                                          and not resolved.startswith("cuda")):

@@ -10,8 +10,16 @@ from typing import Optional
 
 import typer
 
-from loosespec.cli.options import (ALLOW_CODE_HELP, DATA_DIR_HELP, SANDBOX_HELP, csv_numbers, knob_options,
-                                   knob_values, load_options, tqdm_write)
+from loosespec.cli.options import (
+    ALLOW_CODE_HELP,
+    DATA_DIR_HELP,
+    SANDBOX_HELP,
+    csv_numbers,
+    knob_options,
+    knob_values,
+    load_options,
+    tqdm_write,
+)
 from loosespec.cli.root import app
 from loosespec.config import DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
@@ -73,8 +81,8 @@ def calibrate(
     With --out, per-problem records are written as each problem finishes: rerun to resume, or with a
     larger --limit to add problems.
     """
-    from loosespec.eval.datasets import load_dataset
     from loosespec.decode.engine import Engine
+    from loosespec.eval.datasets import load_dataset
 
     # what is calibrated is the method's own: the step score's tau and beta of a step-level method (SpecGuard),
     # the loose window rule's theta, W and K (FLy)

@@ -63,8 +63,8 @@ def serve(
     pages may call it only from origins named by --allow-origin: a guard against DNS rebinding.
     """
     try:
-        from loosespec.serve.protocol import ServerSettings
         from loosespec.serve.app import serve as run_server
+        from loosespec.serve.protocol import ServerSettings
     except ImportError as e:
         raise LoosespecError(f"the server needs its optional dependencies ({e.name or e}): "
                              "pip install 'loosespec[server]'") from e
@@ -135,8 +135,8 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
     """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
     import os
 
-    from loosespec.models import resolve
     from loosespec.eval.peers.vllm import DEFAULT_VLLM, VllmSettings, method_for, needs_draft, server_command
+    from loosespec.models import resolve
 
     spec = METHODS.get(method)  # an unknown name: DecodeConfig.create says so
     if drafter is None and (spec is None or spec.speculative):  # vLLM's proposers: a draft model, else prompt lookup

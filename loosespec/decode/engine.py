@@ -10,29 +10,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from loosespec import __version__
-from loosespec.drafters.bridge import BridgedDrafter, DraftSide, IntersectionDrafter, TokenizerBridge, VocabIntersection
 from loosespec.config import DecodeConfig
+from loosespec.decode.gguf import REFUSAL as GGUF_REFUSAL
+from loosespec.decode.gguf import GgufLM, is_gguf
+from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
+from loosespec.decode.loop import decode
+from loosespec.decode.stats import Stats
+from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
+from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
 from loosespec.drafters import DRAFTERS, DraftParts
 from loosespec.drafters.base import Drafter
+from loosespec.drafters.bridge import BridgedDrafter, DraftSide, IntersectionDrafter, TokenizerBridge, VocabIntersection
 from loosespec.errors import LoosespecError
 from loosespec.hardware import sync
 from loosespec.loading import LoadConfig
-from loosespec.decode.gguf import REFUSAL as GGUF_REFUSAL, GgufLM, is_gguf
-from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
-from loosespec.decode.loop import decode
-from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
-from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
-from loosespec.decode.stats import Stats
-from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
 from loosespec.methods import METHODS, needs_draft_model
-from loosespec.verify.rules import Rule
+from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load, same_tokenizer
 from loosespec.verify import SamplingParams
+from loosespec.verify.rules import Rule
 
 log = logging.getLogger(__name__)
 
@@ -354,8 +355,14 @@ class Engine:
         """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves:
         one level for the drafter, and, before it, one per cheaper drafter its table entry lists (MLA's: the
         lookup alone, or the draft model), where the draft shares the target's tokenizer."""
-        from loosespec.decode.draftlen import (MODEL_PRIOR_MEAN, AcceptanceEstimate, CostAwareDrafter,
-                                               DraftLengthPolicy, Level, LoosePrices)
+        from loosespec.decode.draftlen import (
+            MODEL_PRIOR_MEAN,
+            AcceptanceEstimate,
+            CostAwareDrafter,
+            DraftLengthPolicy,
+            Level,
+            LoosePrices,
+        )
 
         # one curve per model for every K up to 15 (FLy's), so methods in one run price alike
         target_cost = self.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))

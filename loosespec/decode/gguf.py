@@ -35,8 +35,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from loosespec.errors import LoosespecError
 from loosespec.decode.kv import CachedLM, common_prefix_len
+from loosespec.errors import LoosespecError
 
 N_BATCH = 512  # positions per llama_decode call (a long prompt is fed in such chunks)
 MAX_CONTEXT = 8192  # KV positions allocated, unless the model was trained on fewer

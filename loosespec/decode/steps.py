@@ -34,16 +34,23 @@ from dataclasses import dataclass
 
 import torch
 
-from loosespec.drafters.bridge import DraftSide
 from loosespec.config import DecodeConfig
-from loosespec.drafters.base import EMPTY_DRAFT, Draft, Drafter
-from loosespec.errors import LoosespecError
 from loosespec.decode.kv import CachedLM, common_prefix_len
 from loosespec.decode.loop import decode as token_decode
 from loosespec.decode.stats import Stats
+from loosespec.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from loosespec.drafters.bridge import DraftSide
+from loosespec.errors import LoosespecError
+from loosespec.verify.grounding import (
+    ROLLOUT_LAYERS,
+    accept_step,
+    grounding_from_step_rows,
+    medoid,
+    step_confidence,
+    step_length,
+    step_score,
+)
 from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
-from loosespec.verify.grounding import (ROLLOUT_LAYERS, accept_step, grounding_from_step_rows, medoid, step_confidence,
-                               step_length, step_score)
 
 
 @dataclass

@@ -19,14 +19,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the table is read by modules the drafters build on
     import torch
 
-    from loosespec.config import DecodeConfig
     from loosespec.decode.kv import CachedLM
-    from loosespec.drafters.base import Draft, Drafter
+    from loosespec.drafters.base import Drafter
     from loosespec.verify.sampling import SamplingParams
 
 
@@ -34,7 +33,7 @@ if TYPE_CHECKING:  # annotations only: the table is read by modules the drafters
 class DraftParts:
     """What a drafter factory builds its drafter from (``Engine.build`` fills it)."""
 
-    cfg: DecodeConfig
+    cfg: Any  # the run's loosespec.config.DecodeConfig (not imported, not even for types: config reads this table)
     lm: CachedLM | None  # the draft model (None: none loaded)
     sampling: SamplingParams  # the draft's sampling (the method's, :meth:`loosespec.methods.Method.draft_sampling`)
     generator: torch.Generator | None

@@ -17,11 +17,11 @@ from collections.abc import Collection
 import torch
 
 from loosespec.decode.kv import CachedLM
+from loosespec.drafters.base import Draft, Drafter
+from loosespec.drafters.ngram import ngram_lookup
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.rejection import rejection_verify
 from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs
-from loosespec.drafters.base import Draft, Drafter
-from loosespec.drafters.ngram import ngram_lookup
 
 
 class MlaDrafter(Drafter):

@@ -15,8 +15,8 @@ from collections.abc import Collection
 import torch
 
 from loosespec.decode.kv import CachedLM
-from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs, sample
 from loosespec.drafters.base import Draft, Drafter
+from loosespec.verify.sampling import SamplingParams, check_finite, logits_to_probs, sample
 
 
 class ModelDrafter(Drafter):

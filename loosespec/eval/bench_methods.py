@@ -30,7 +30,6 @@ from loosespec.drafters import DRAFTERS, DrafterEntry
 from loosespec.errors import LoosespecError
 from loosespec.methods import BASELINE, Method  # noqa: F401 (BASELINE re-exported: the bench's first row)
 
-
 HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
 HF_ASSISTED = ("hf-assist",)  # transformers' assisted generation: runs the draft model, as a transformers model
 SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
@@ -64,9 +63,9 @@ _BENCH_METHODS: dict[str, BenchMethod] = {}
 def bench_methods() -> dict[str, BenchMethod]:
     """Every bench method name: the registry's token-level methods x drafters, SpecGuard's presets, the peers."""
     if not _BENCH_METHODS:
-        from loosespec.methods import METHODS
         from loosespec.eval.peers.llamacpp import LLAMACPP_METHODS, SERVER_METHODS
         from loosespec.eval.peers.vllm import VLLM_METHODS, served
+        from loosespec.methods import METHODS
 
         out = {}
         for m in METHODS.values():

@@ -233,9 +233,8 @@ def run_record(engine, ids: torch.Tensor, cfg: DecodeConfig) -> dict:
 
 def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_retention: float = RETENTION) -> dict:
     """Speed and retention of one confirmed setting over the problems both have (see the module docstring)."""
-    from loosespec.eval.stats import bootstrap_ratio, mcnemar_exact
-
     from loosespec.eval.results import score_status
+    from loosespec.eval.stats import bootstrap_ratio, mcnemar_exact
 
     ids = [p for p in records if p in baseline]
     # a verdict on both sides: a record whose scoring failed is no answer (left out of accuracy and retention)

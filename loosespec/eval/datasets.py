@@ -55,8 +55,17 @@ from loosespec.errors import LoosespecError
 from loosespec.eval.datafiles import Problem
 from loosespec.eval.loaders import gsm8k, gsm8k_train, humaneval, math500, mbpp_train, mgsm, mtbench, specbench
 from loosespec.eval.niah import niah
-from loosespec.eval.scoring import (CODE_EXECUTION_REFUSAL, ScoringError, Verdict, as_verdict, code_execution_allowed,
-                                    score_humaneval, score_math500, score_niah, score_number)
+from loosespec.eval.scoring import (
+    CODE_EXECUTION_REFUSAL,
+    ScoringError,
+    Verdict,
+    as_verdict,
+    code_execution_allowed,
+    score_humaneval,
+    score_math500,
+    score_niah,
+    score_number,
+)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from loosespec.eval.results import RESULTS, ResultsFile, RunLock, _writing, scor
 from loosespec.eval.run import Outcome, judge_output, result_row, run_method
 from loosespec.eval.scoring import Verdict
 
-
 WARMUP_TOKENS = 32  # 8 left transformers' assisted generation paying its one-off set-up in the first timed run
 WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a long prefill would only cost time)
 
@@ -152,8 +151,14 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
     from tqdm.auto import tqdm
 
-    from loosespec.eval.peers.vllm import (VllmServer, fly_record, served, size_for_shared_gpu, speculative_tokens,
-                                           vllm_generate)
+    from loosespec.eval.peers.vllm import (
+        VllmServer,
+        fly_record,
+        served,
+        size_for_shared_gpu,
+        speculative_tokens,
+        vllm_generate,
+    )
 
     if not problems:
         return

@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-
 GIT_TIMEOUT_S = 5.0
 
 

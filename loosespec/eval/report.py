@@ -18,8 +18,7 @@ from pathlib import Path
 
 from loosespec.errors import LoosespecError
 from loosespec.eval.bench_methods import BASELINE, base_name, is_lossy, variant_knobs
-from loosespec.eval.results import (CONFIG, RESULTS, SUMMARY, ResultsFile, _derived_writes, read_config,
-                                     unique_rows)
+from loosespec.eval.results import CONFIG, RESULTS, SUMMARY, ResultsFile, _derived_writes, read_config, unique_rows
 from loosespec.eval.stats import acceptance_by_position, summarize
 from loosespec.fileio import atomic_write_bytes, atomic_write_text
 

@@ -44,7 +44,6 @@ from loosespec.eval.scoring import VERDICT_STATUSES
 from loosespec.fileio import atomic_write_bytes, atomic_write_text
 from loosespec.methods import FLY_WINDOW_MEANING
 
-
 try:
     import fcntl
 except ImportError:  # Windows: msvcrt's byte-range lock instead

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from loosespec.config import DecodeConfig, knob_default
 from loosespec.errors import LoosespecError
-from loosespec.eval.bench_methods import HF_GENERATION_KWARGS, HF_ASSISTED, bench_method, is_lossy, method_config
+from loosespec.eval.bench_methods import HF_ASSISTED, HF_GENERATION_KWARGS, bench_method, is_lossy, method_config
 from loosespec.eval.scoring import ScoringError, Verdict, as_verdict
 
 

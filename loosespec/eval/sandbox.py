@@ -96,9 +96,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 from loosespec.eval import sandbox_probe as probe

@@ -9,7 +9,9 @@ sets the resource limits and runs the program as ``__main__``.
 """
 
 if __name__ == "__main__":
-    import os, sys, json
+    import json
+    import os
+    import sys
     _cfg = json.loads(sys.argv[1])
     _dir = _cfg["dir"]
 
@@ -19,7 +21,8 @@ if __name__ == "__main__":
         os._exit(97)
 
     if _cfg["ns"] == "full":
-        import ctypes, re
+        import ctypes
+        import re
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
         _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -142,7 +145,9 @@ if __name__ == "__main__":
     _cfg["seccomp"] = False
     if _cfg["ns"] == "none" and not _cfg["network"]:
         try:
-            import ctypes, platform, struct
+            import ctypes
+            import platform
+            import struct
             _arch = {"x86_64": (0xC000003E, {"socket": 41, "ptrace": 101, "vm_readv": 310, "vm_writev": 311,
                                              "io_uring_setup": 425}, True),
                      "aarch64": (0xC00000B7, {"socket": 198, "ptrace": 117, "vm_readv": 270, "vm_writev": 271,
@@ -192,7 +197,15 @@ if __name__ == "__main__":
     import resource as _resource_mod
     _real_setrlimit = _resource_mod.setrlimit
     # ---- Python-level guard (defence in depth; bypassable with ctypes) ----
-    import builtins, io, _io, shutil, subprocess, _posixsubprocess, resource, types, posix
+    import _io
+    import _posixsubprocess
+    import builtins
+    import io
+    import posix
+    import resource
+    import shutil
+    import subprocess
+    import types
     _realpath, _join, _dirname, _basename = os.path.realpath, os.path.join, os.path.dirname, os.path.basename
     _readlink, _fspath, _fsdecode, _getcwd = os.readlink, os.fspath, os.fsdecode, os.getcwd
     _root = _realpath(_dir)
@@ -347,7 +360,8 @@ if __name__ == "__main__":
     subprocess.Popen = _Popen
 
     if not _cfg["network"]:
-        import socket, _socket
+        import _socket
+        import socket
         class _Socket(socket.socket):
             def __init__(self, *a, **k):
                 raise PermissionError(1, "blocked by loosespec sandbox: network")

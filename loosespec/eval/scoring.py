@@ -43,7 +43,6 @@ from typing import Mapping
 from loosespec.errors import LoosespecError
 from loosespec.eval.datafiles import Problem
 
-
 # --------------------------------------------------------------------------------------------- numbers
 
 _SEPARATORS = ",\u00a0\u202f\u2009"

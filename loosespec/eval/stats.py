@@ -39,10 +39,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from loosespec.eval.bench_methods import BASELINE, baseline_of
-from loosespec.eval.results import LEGACY_WINDOW_MEANING, score_status, unique_rows
 from loosespec.eval.peers.vllm import VLLM_BASELINE
+from loosespec.eval.results import LEGACY_WINDOW_MEANING, score_status, unique_rows
 from loosespec.methods import FLY_GUARD_COUNTERS, FLY_OFFICIAL_COUNTERS, FLY_ROUND_COUNTERS, METHODS
-
 
 DRAFT_LEVELS = ("lookup", "model", "none")  # loosespec.decode.draftlen's rounds_<level> counters
 

@@ -57,8 +57,8 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from loosespec.config import KNOBS, DecodeConfig, knob_help
-from loosespec.errors import LoosespecError
 from loosespec.drafters import drafter_needs_draft_model
+from loosespec.errors import LoosespecError
 from loosespec.methods import METHODS
 
 # knobs that come from the caller's GenerationConfig (transformers' names), not from keyword arguments; the stop

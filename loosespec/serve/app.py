@@ -54,8 +54,15 @@ from loosespec import __version__
 from loosespec.serve.access import _Gate
 from loosespec.serve.frontend import Frontend
 from loosespec.serve.metrics import Metrics, speculative_metrics
-from loosespec.serve.protocol import (ApiError, ChatCompletionRequest, CommonFields, CompletionRequest,
-                                      ServerSettings, _http_error, _validation_message)
+from loosespec.serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CommonFields,
+    CompletionRequest,
+    ServerSettings,
+    _http_error,
+    _validation_message,
+)
 from loosespec.serve.worker import Job, Worker
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,17 @@ import torch
 from loosespec.config import ConfigError, DecodeConfig
 from loosespec.decode.text import encode_prompt
 from loosespec.methods import METHODS, needs_draft_model
-from loosespec.serve.protocol import (MAX_STOP_CHARS, MAX_STOP_STRINGS, SAMPLING_EPS, _NAMESPACES, ApiError,
-                                      ChatCompletionRequest, CommonFields, ServerSettings, SpecFields)
+from loosespec.serve.protocol import (
+    _NAMESPACES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    SAMPLING_EPS,
+    ApiError,
+    ChatCompletionRequest,
+    CommonFields,
+    ServerSettings,
+    SpecFields,
+)
 
 log = logging.getLogger(__name__)
 

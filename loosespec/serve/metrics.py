@@ -58,8 +58,9 @@ class Metrics:
         self.generation_time = Histogram(p + "request_inference_time_seconds", "Generation wall time (prefill + "
                                          "decode)", m, buckets=_LATENCY_BUCKETS, registry=r)
 
-    def record(self, job: "Job", stats) -> None:
-        """Token-level counters of one generation, finished or not (called from the worker)."""
+    def record(self, job, stats) -> None:
+        """Token-level counters of one generation, finished or not (called from the worker with its
+        :class:`loosespec.serve.worker.Job`, which is not imported here: the worker imports this module)."""
         s, method = stats, job.cfg.method
         self.prompt_tokens.labels(method).inc(s.prompt_tokens)
         self.generation_tokens.labels(method).inc(s.new_tokens)

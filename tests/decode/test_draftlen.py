@@ -189,7 +189,6 @@ def test_policy_stays_short_when_deferrals_do_not_pay(gate, window):
 
 
 def test_exploration_rounds_are_counted():
-    from types import SimpleNamespace
 
     from loosespec.decode.draftlen import CostAwareDrafter, Level
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.drafters import MlaDrafter, ModelDrafter
-from loosespec.decode.loop import decode
 from loosespec.decode.kv import CachedLM
+from loosespec.decode.loop import decode
 from loosespec.decode.stats import Stats
+from loosespec.drafters import MlaDrafter, ModelDrafter
 from loosespec.verify import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"

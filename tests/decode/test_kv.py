@@ -3,8 +3,8 @@ past its window, and the layers it cannot roll back (refused up front with a cle
 
 import pytest
 import torch
+from conftest import TINY_VOCAB, make_tiny_tokenizer, perturbed_copy
 
-from conftest import make_tiny_tokenizer, perturbed_copy, TINY_VOCAB
 from loosespec import DecodeConfig
 from loosespec.decode.kv import CachedLM
 from loosespec.errors import LoosespecError

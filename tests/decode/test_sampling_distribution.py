@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import perturbed_copy
 
 from loosespec import DecodeConfig
 from loosespec.decode.engine import Engine
@@ -33,7 +34,6 @@ from loosespec.decode.stats import Stats
 from loosespec.drafters.base import Draft, Drafter
 from loosespec.models import LoadedModel, ModelSource
 from loosespec.verify import SamplingParams, logits_to_probs
-from conftest import perturbed_copy
 
 TARGET_CHARS = "abcdef"  # target vocabulary: <s> </s> a..f (8 tokens)
 DRAFT_CHARS = "fhgdce"  # another vocabulary (order and letters): shares c d e f with the target

@@ -6,11 +6,19 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.errors import LoosespecError
 from loosespec.decode.steps import CandidateFirst, draft_candidate
 from loosespec.drafters.base import Drafter
-from loosespec.verify.grounding import (accept_step, attention_rollout, grounding_from_step_rows, grounding_score,
-                                        medoid, step_confidence, step_length, step_score)
+from loosespec.errors import LoosespecError
+from loosespec.verify.grounding import (
+    accept_step,
+    attention_rollout,
+    grounding_from_step_rows,
+    grounding_score,
+    medoid,
+    step_confidence,
+    step_length,
+    step_score,
+)
 
 # one layer, two heads; head mean = [[1, 0, 0], [0.995, 0.005, 0], [0.3, 0.3, 0.4]]
 HEADS = torch.tensor([[[1.0, 0.0, 0.0], [0.99, 0.01, 0.0], [0.6, 0.0, 0.4]],

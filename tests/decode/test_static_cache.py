@@ -10,7 +10,6 @@ from loosespec.config import DecodeConfig
 from loosespec.decode.engine import Engine
 from loosespec.decode.kv import CachedLM, StaticCachedLM
 from loosespec.errors import LoosespecError
-
 from tests.conftest import make_tiny_model
 
 CONFIGS = [("ar", None, 0.0), ("exact", "ngram", 0.0), ("exact", "model", 0.0), ("exact", "mla", 0.0),

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import _loaded, make_tiny_tokenizer
 
 from loosespec import DecodeConfig
 from loosespec.drafters.bridge import TokenizerBridge, VocabIntersection, token_bytes
-from loosespec.errors import LoosespecError
 from loosespec.models import list_models
-
-from conftest import _loaded, make_tiny_tokenizer
 
 # strings where byte-level tokenizers with and without merges split differently
 CASES = [

@@ -3,8 +3,8 @@ checks, and (tiny offline models) resume after a finished run, a torn line and a
 
 from __future__ import annotations
 
-import math
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import run_cli as cli
 
+from loosespec.errors import LoosespecError
 from loosespec.eval import bench_methods as M
 from loosespec.eval import harness as H
 from loosespec.eval import report as RP
 from loosespec.eval import results as R
 from loosespec.eval import stats as S
-from loosespec.errors import LoosespecError
 
 
 def row(qid, method, wall, ids, score=None, rounds=None, cat="c", drafted=None, accepted=None, lengths=None):

@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from loosespec.config import DecodeConfig
-from loosespec.eval.calibrate import (analyse, analyse_report, auc_ci95, calibrate_specguard, format_analysis, rank_correlation,
-                                      roc_auc, target_preference)
+from loosespec.eval.calibrate import (
+    analyse,
+    analyse_report,
+    auc_ci95,
+    calibrate_specguard,
+    format_analysis,
+    rank_correlation,
+    roc_auc,
+    target_preference,
+)
 from loosespec.eval.datafiles import Problem
 from loosespec.eval.datasets import load_dataset
 

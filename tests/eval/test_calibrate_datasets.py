@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from loosespec.errors import LoosespecError
 from loosespec.eval.calibrate import propose_tau, roc_auc
 from loosespec.eval.datasets import load_dataset
 from loosespec.eval.scoring import is_correct
-from loosespec.errors import LoosespecError
 
 
 def test_is_correct_compares_numbers():

@@ -7,11 +7,23 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from loosespec.config import FLY_PRESETS
-from loosespec.eval.calibrate_fly import (BASELINE, EXACT, SITTING, FlySetting, RunsFile, calibrate_fly, choose, format_report,
-                                          frontier, grid, replay_round, screen, summarize_run)
+from loosespec.eval.calibrate_fly import (
+    BASELINE,
+    EXACT,
+    SITTING,
+    FlySetting,
+    RunsFile,
+    calibrate_fly,
+    choose,
+    format_report,
+    frontier,
+    grid,
+    replay_round,
+    screen,
+    summarize_run,
+)
 from loosespec.eval.datafiles import Problem
 
 ROOT = Path(__file__).resolve().parents[2]

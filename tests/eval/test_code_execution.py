@@ -3,7 +3,6 @@ with a verdict the code under test cannot forge, and failures of the scoring kep
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest

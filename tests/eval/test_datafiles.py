@@ -47,6 +47,7 @@ def test_shipped_files_match_their_readme():
 def test_the_shipped_files_are_package_data():
     """pyproject.toml's package-data takes every shipped file, so a pip-installed loosespec has them too."""
     import fnmatch
+
     import tomllib
 
     root = Path(datafiles.__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from loosespec.errors import LoosespecError
+from loosespec.eval import bench_methods as M
 from loosespec.eval import datafiles
 from loosespec.eval import datasets as D
-from loosespec.eval import bench_methods as M
 from loosespec.eval import harness as H
 from loosespec.eval import provenance as P
 from loosespec.eval import report as RP

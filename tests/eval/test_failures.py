@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from loosespec.eval import failures as F
 from loosespec.eval import bench_methods as M
+from loosespec.eval import failures as F
 from loosespec.eval import report as RP
 from loosespec.eval import results as R
 from loosespec.eval import stats as S

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from loosespec.errors import LoosespecError
 from loosespec.eval.datafiles import SHIPPED
 from loosespec.eval.datasets import DATASETS, load_dataset, score
 from loosespec.eval.loaders import HUMANEVAL_PROMPT
 from loosespec.eval.scoring import defines, humaneval_program
-from loosespec.errors import LoosespecError
 
 
 @pytest.fixture(autouse=True)

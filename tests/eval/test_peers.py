@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from loosespec.eval import bench_methods as bench
 from loosespec.errors import LoosespecError
+from loosespec.eval import bench_methods as bench
 from loosespec.eval.peers.llamacpp import LlamaCppPeer, gguf_file
 
 

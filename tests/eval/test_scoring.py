@@ -10,7 +10,6 @@ from loosespec.eval.datafiles import Problem
 from loosespec.eval.datasets import load_dataset, score
 from loosespec.eval.scoring import extract_number, humaneval_code, humaneval_program, is_correct
 
-
 # ----------------------------------------------------------------------------------------------- numbers
 
 @pytest.mark.parametrize("text, expected", [

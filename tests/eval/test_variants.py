@@ -7,13 +7,13 @@ import json
 
 import pytest
 from conftest import run_cli as cli
+from test_bench import bench_args, row
 
 from loosespec.errors import LoosespecError
 from loosespec.eval import bench_methods as M
 from loosespec.eval import report as RP
 from loosespec.eval import results as R
 from loosespec.eval import stats as S
-from test_bench import bench_args, row
 
 
 def cfg(name):

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from loosespec.errors import LoosespecError
 from loosespec.eval import bench_methods as M
 from loosespec.eval import harness as H
 from loosespec.eval import report as RP
 from loosespec.eval import results as R
 from loosespec.eval import stats as S
-from loosespec.errors import LoosespecError
 from loosespec.eval.peers.vllm import VllmServer, VllmSettings, server_command, speculative_config
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_vllm.py"

@@ -29,8 +29,8 @@ PROMPTS = ["Write a Python function `is_prime(n)` with a docstring and three doc
 def setup(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from loosespec.models import resolve
     from loosespec.decode.text import encode_prompt
+    from loosespec.models import resolve
 
     target = str(resolve("qwen2.5-coder-1.5b-instruct").path)
     draft = str(resolve("qwen2.5-coder-0.5b-instruct").path)

@@ -10,9 +10,9 @@ import types
 import pytest
 import torch
 
+from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2, resolve
 from loosespec.verify.exact import greedy_verify
 from loosespec.verify.fly import fly_verify_greedy, fly_verify_rejection
-from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample, fly_rejection_sample_v2, resolve
 
 V = 12
 

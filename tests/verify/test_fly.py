@@ -5,8 +5,17 @@ import math
 import pytest
 import torch
 
-from loosespec.verify.fly import (fly_mask, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample,
-                                  gate_open, loose_mask, topk_entropy, window_clear, within_boundary)
+from loosespec.verify.fly import (
+    fly_mask,
+    fly_verify_greedy,
+    fly_verify_rejection,
+    fly_verify_two_sample,
+    gate_open,
+    loose_mask,
+    topk_entropy,
+    window_clear,
+    within_boundary,
+)
 from loosespec.verify.types import FirstMiss
 
 T, F = True, False

@@ -38,14 +38,30 @@ from collections import Counter
 
 import pytest
 import torch
+from fakes.fly_reference import (
+    THETAS,
+    V,
+    logits_for,
+    official_accept,
+    official_entropy,
+    official_greedy,
+    official_two_sample,
+    random_round,
+    vllm_entropy,
+    vllm_native_greedy,
+    vllm_native_sampled,
+)
 from scipy.stats import chi2_contingency
 
-from fakes.fly_reference import (THETAS, V, logits_for, official_accept, official_entropy, official_greedy,
-                                 official_two_sample, random_round, vllm_entropy, vllm_native_greedy,
-                                 vllm_native_sampled)
 from loosespec.integrations.vllm.native import native_fly_config
 from loosespec.integrations.vllm.rule import FlySettings, fly_rejection_sample
-from loosespec.verify.fly import fly_events, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample, topk_entropy
+from loosespec.verify.fly import (
+    fly_events,
+    fly_verify_greedy,
+    fly_verify_rejection,
+    fly_verify_two_sample,
+    topk_entropy,
+)
 
 RANDOM_BATCHES = 400
 

@@ -194,7 +194,12 @@ def refuse_for_native_fly(settings: FlySettings) -> bool:
     """True (and a warning) when this vLLM verifies with FLy natively and the plugin is not insisted on: vLLM's
     own FLy is then the one to use, asked for in ``speculative_config`` (what ``loosespec serve --engine vllm`` and
     ``bench`` pass there), and wrapping its private sampler would fight it."""
-    from loosespec.integrations.vllm.native import FLY_PATH_ENV, native_fly_config, native_fly_in_process, requested_path
+    from loosespec.integrations.vllm.native import (
+        FLY_PATH_ENV,
+        native_fly_config,
+        native_fly_in_process,
+        requested_path,
+    )
 
     native, found = native_fly_in_process()
     if not native or requested_path() == "plugin":
