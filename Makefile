@@ -357,7 +357,7 @@ bench-precision-int4: setup peers
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)
 HF_CUSTOM_GENERATE_DIR ?= build/hf_custom_generate
 hf-custom-generate: setup
-	$(BIN)/python -m loosespec.integrations.hf $(HF_CUSTOM_GENERATE_DIR)
+	$(BIN)/python -m loosespec.integrations.hf_hub $(HF_CUSTOM_GENERATE_DIR)
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py --dtype bfloat16 | tee results/rule_cost.txt

@@ -1,46 +1,15 @@
-"""The proposal type and the drafter protocol."""
+"""The drafter protocol; the proposal it returns, :class:`Draft`, is one of the types the rules read
+(:mod:`loosespec.verify.types`, the ground floor) and is re-exported here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:  # annotations only
-    from loosespec.verify.types import FirstMiss
+from loosespec.verify.types import EMPTY_DRAFT, Draft, FirstMiss
 
-
-@dataclass(frozen=True)
-class Draft:
-    """Proposed continuation.
-
-    tokens: [K] int64 on the CPU (K may be 0: the round degrades to one target step)
-    probs:  [K, V] the distribution each token was drawn from (``q`` in rejection sampling), or
-            None when the proposal is deterministic (greedy drafting, n-gram lookup): one-hot q.
-    draft_units: set by a cross-tokenizer drafter (loosespec.drafters.bridge): the proposal's length in the
-            draft model's own tokens, before re-encoding into the target's.
-    chosen: the draft length the drafter chose this round, when it chooses one (the cost-aware draft length,
-            :class:`loosespec.decode.draftlen.CostAwareDrafter`; the draft may be shorter, cut at an end token or
-            a doubtful draft token); None: it drafted up to the ``k`` asked for. Recorded in the run's
-            draft-length histogram.
-    events: counters of how the drafter drafted this round (the cost-aware draft length's level,
-            ``rounds_lookup``/``rounds_model``/``rounds_none``, and ``rounds_explore``), summed into the run's
-            statistics with the rule's.
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    draft_units: int | None = None  # across tokenizers: tokens the draft model proposed, in its own units
-    chosen: int | None = None
-    events: Mapping[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-EMPTY_DRAFT = Draft(torch.empty(0, dtype=torch.long))
+__all__ = ["Draft", "Drafter", "EMPTY_DRAFT"]
 
 
 class Drafter(Protocol):

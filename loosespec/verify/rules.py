@@ -8,15 +8,13 @@ registry in :mod:`loosespec.methods` says which rule each method uses; the decod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from loosespec.verify import SamplingParams, Verdict, greedy_verify, logits_to_probs, rejection_verify
 from loosespec.verify.fly import PromptCopyGuard, fly_verify_greedy, fly_verify_rejection, fly_verify_two_sample
-
-if TYPE_CHECKING:  # annotations only: drafters/ sits above verify/, which imports nothing above it at run time
-    from loosespec.drafters.base import Draft
+from loosespec.verify.types import Draft
 
 
 class Rule(Protocol):

@@ -1,4 +1,4 @@
-"""The one result type every acceptance rule returns."""
+"""What an acceptance rule reads and returns: the proposal (:class:`Draft`) and the outcome (:class:`Verdict`)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,34 @@ class Verdict:
     tokens: torch.Tensor  # [num_accepted + 1] int64
     events: Mapping[str, int] = field(default_factory=dict)
     first_miss: FirstMiss | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuation.
+
+    tokens: [K] int64 on the CPU (K may be 0: the round degrades to one target step)
+    probs:  [K, V] the distribution each token was drawn from (``q`` in rejection sampling), or
+            None when the proposal is deterministic (greedy drafting, n-gram lookup): one-hot q.
+    draft_units: set by a cross-tokenizer drafter (loosespec.drafters.bridge): the proposal's length in the
+            draft model's own tokens, before re-encoding into the target's.
+    chosen: the draft length the drafter chose this round, when it chooses one (the cost-aware draft length,
+            :class:`loosespec.decode.draftlen.CostAwareDrafter`; the draft may be shorter, cut at an end token or
+            a doubtful draft token); None: it drafted up to the ``k`` asked for. Recorded in the run's
+            draft-length histogram.
+    events: counters of how the drafter drafted this round (the cost-aware draft length's level,
+            ``rounds_lookup``/``rounds_model``/``rounds_none``, and ``rounds_explore``), summed into the run's
+            statistics with the rule's.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+    draft_units: int | None = None  # across tokenizers: tokens the draft model proposed, in its own units
+    chosen: int | None = None
+    events: Mapping[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+EMPTY_DRAFT = Draft(torch.empty(0, dtype=torch.long))

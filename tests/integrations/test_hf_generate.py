@@ -19,8 +19,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from loosespec.config import KNOBS
 from loosespec.integrations import hf
-from loosespec.integrations.hf import FROM_GENERATION_CONFIG, KNOB_KWARGS, GenerateArgumentError, write_hub_layout
+from loosespec.integrations.hf import FROM_GENERATION_CONFIG, KNOB_KWARGS, GenerateArgumentError
 from loosespec.integrations.hf import generate as loosespec_generate
+from loosespec.integrations.hf_hub import hub_readme, write_hub_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSED = math.log(3) + 0.01  # above the largest top-3 entropy: FLy never defers a mismatch (its gate is closed)
@@ -238,7 +239,7 @@ def test_the_knobs_are_keyword_arguments_by_their_schema_names():
 
 
 def test_module_says_fly_and_specguard_are_lossy():
-    doc = hf.__doc__ + hf.generate.__doc__ + hf.hub_readme()
+    doc = hf.__doc__ + hf.generate.__doc__ + hub_readme()
     assert "LOSSY" in hf.__doc__ and "``fly``" in hf.__doc__ and "``specguard``" in hf.__doc__
     assert "| `fly` | **LOSSY** |" in doc and "| `specguard` | **LOSSY** |" in doc and "| `exact` | lossless |" in doc
 
@@ -252,7 +253,7 @@ def test_module_says_fly_and_specguard_are_lossy():
 def hub_dir(tmp_path_factory):
     """What `make hf-custom-generate` writes (the command it runs), into a fresh directory."""
     out = tmp_path_factory.mktemp("hub") / "hf_custom_generate"
-    p = subprocess.run([sys.executable, "-m", "loosespec.integrations.hf", str(out)],  # the interpreter under test
+    p = subprocess.run([sys.executable, "-m", "loosespec.integrations.hf_hub", str(out)],  # the interpreter under test
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     return out
@@ -262,7 +263,7 @@ def test_make_target_writes_the_hub_layout():
     p = subprocess.run(["make", "-n", "hf-custom-generate", "HF_CUSTOM_GENERATE_DIR=/x/y"], capture_output=True,
                        text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert ".venv/bin/python -m loosespec.integrations.hf /x/y" in p.stdout
+    assert ".venv/bin/python -m loosespec.integrations.hf_hub /x/y" in p.stdout
     phony = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith(".PHONY:"))
     assert "hf-custom-generate" in phony.split()
 
