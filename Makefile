@@ -28,6 +28,7 @@ test: setup
 	$(BIN)/loosespec models pull smollm2-135m-instruct
 	$(BIN)/loosespec models pull gemma-3-270m
 	$(BIN)/ruff check loosespec tests benchmarks examples
+	$(BIN)/ruff format --check loosespec tests benchmarks examples
 	$(BIN)/python -m pytest -q -m "not default_pair and not vllm and not slow"
 
 # everything, including the tests on the default Qwen pair (slow on a CPU; prepares ~11 GB)

@@ -56,14 +56,18 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
     if not cats:
         raise SystemExit(f"no bench results under {root}")
     hw, cfg = info.get("hardware") or {}, info.get("config", {})
-    out = [f"**FLy's default against exact's, on {machine_label(hw)}**", "",
-           f"Target {cfg.get('target')}, draft {cfg.get('draft')}, precision {cfg.get('dtype')}, greedy, every method "
-           "with its defaults (cost-aware draft length; FLy's calibrated preset). n = prompts; tok/s = new tokens / "
-           "wall time over the category; draft levels = share of rounds drafted by the lookup alone / the draft "
-           "model / not at all.", "",
-           "| category | n | ar tok/s | exact-mla tok/s | fly-mla (lossy) tok/s | fly / exact | fly identical to ar "
-           "| fly rounds that could defer | fly deferrals | exact draft levels | fly draft levels |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    out = [
+        f"**FLy's default against exact's, on {machine_label(hw)}**",
+        "",
+        f"Target {cfg.get('target')}, draft {cfg.get('draft')}, precision {cfg.get('dtype')}, greedy, every method "
+        "with its defaults (cost-aware draft length; FLy's calibrated preset). n = prompts; tok/s = new tokens / "
+        "wall time over the category; draft levels = share of rounds drafted by the lookup alone / the draft "
+        "model / not at all.",
+        "",
+        "| category | n | ar tok/s | exact-mla tok/s | fly-mla (lossy) tok/s | fly / exact | fly identical to ar "
+        "| fly rounds that could defer | fly deferrals | exact draft levels | fly draft levels |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
     ratios = []
     for cat, per in cats.items():
         e, f, a = per.get(EXACT), per.get(FLY), per.get("ar")
@@ -73,28 +77,48 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
         ratios.append(r)
         could = f.get("fly_deferrable_rounds")
         rounds = f.get("level_rounds")
-        out.append(f"| {cat} | {f['prompts']} | {a['tokens_per_s']:.2f} | {e['tokens_per_s']:.2f} | "
-                   f"{f['tokens_per_s']:.2f} | {r:.3f}x | {f['identical_to_ar']:.2f} | "
-                   + (f"{could} of {rounds}" if could is not None and rounds else "-")
-                   + f" | {f.get('fly_deferred', '-')} | {_levels(e)} | {_levels(f)} |")
+        out.append(
+            f"| {cat} | {f['prompts']} | {a['tokens_per_s']:.2f} | {e['tokens_per_s']:.2f} | "
+            f"{f['tokens_per_s']:.2f} | {r:.3f}x | {f['identical_to_ar']:.2f} | "
+            + (f"{could} of {rounds}" if could is not None and rounds else "-")
+            + f" | {f.get('fly_deferred', '-')} | {_levels(e)} | {_levels(f)} |"
+        )
     ratio = geomean(ratios)
     spec_n = sum(per[FLY]["prompts"] for cat, per in cats.items() if cat != "humaneval" and FLY in per)
-    checks = [(f"FLy's default >= {min_ratio:.2f}x exact's default in tokens/s, geometric mean over the "
-               f"{len(ratios)} categories ({_f(ratio, '.3f')}x)", ratio is not None and ratio >= min_ratio)]
+    checks = [
+        (
+            f"FLy's default >= {min_ratio:.2f}x exact's default in tokens/s, geometric mean over the "
+            f"{len(ratios)} categories ({_f(ratio, '.3f')}x)",
+            ratio is not None and ratio >= min_ratio,
+        )
+    ]
     he = cats.get("humaneval", {}).get(FLY)
     if he and he.get("recovery") is not None:
         ci = he_recovery_ci(root)
-        checks.append((f"FLy's default keeps >= {min_retention:.2f} of ar's accuracy on HumanEval's first "
-                       f"{he['scored']} (retention {he['recovery']:.3f}"
-                       + (f", 95% interval {ci[0]:.2f}-{ci[1]:.2f}" if ci else "")
-                       + f": {he['ar_right_method_wrong']} lost, {he['ar_wrong_method_right']} gained; accuracy "
-                       f"{he['accuracy']:.3f} vs ar {he['ar_accuracy']:.3f}, McNemar p {he['mcnemar_p']:.3g})",
-                       he["recovery"] >= min_retention))
+        checks.append(
+            (
+                f"FLy's default keeps >= {min_retention:.2f} of ar's accuracy on HumanEval's first "
+                f"{he['scored']} (retention {he['recovery']:.3f}"
+                + (f", 95% interval {ci[0]:.2f}-{ci[1]:.2f}" if ci else "")
+                + f": {he['ar_right_method_wrong']} lost, {he['ar_wrong_method_right']} gained; accuracy "
+                f"{he['accuracy']:.3f} vs ar {he['ar_accuracy']:.3f}, McNemar p {he['mcnemar_p']:.3g})",
+                he["recovery"] >= min_retention,
+            )
+        )
     he_n = he["prompts"] if he else 0
     full = spec_n >= FULL_SPECBENCH and he_n >= FULL_HUMANEVAL
-    out += ["", "**Checks**" + ("" if full else f" (partial run: {spec_n} of the issue's {FULL_SPECBENCH} Spec-Bench "
-                                                 f"prompts and {he_n} of its {FULL_HUMANEVAL} HumanEval problems; "
-                                                 "a check on a partial run decides nothing)"), ""]
+    out += [
+        "",
+        "**Checks**"
+        + (
+            ""
+            if full
+            else f" (partial run: {spec_n} of the issue's {FULL_SPECBENCH} Spec-Bench "
+            f"prompts and {he_n} of its {FULL_HUMANEVAL} HumanEval problems; "
+            "a check on a partial run decides nothing)"
+        ),
+        "",
+    ]
     out += [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
     return "\n".join(out), full and all(ok for _, ok in checks)
 

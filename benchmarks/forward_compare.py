@@ -47,12 +47,16 @@ def compare(root: Path) -> str:
     configs = {d.name: json.loads((d / "config.json").read_text()) for d in dirs}
     base = data.get("int8", {})
     hw = next(iter(next(iter(data.values())).values()))["hardware"]
-    lines = [f"# Forward precision compared ({root})", "",
-             f"{hw.get('cpu')} ({' '.join(hw.get('cpu_flags', []))}), {hw.get('threads')} threads; "
-             f"{len({q for d in data.values() for q, _ in d})} Spec-Bench prompts.", "",
-             "| target / draft | method | n | tok/s | vs ar (same dir) | vs llamacpp-ar (same dir) | vs int8 ar | "
-             "identical to ar | draft-model rounds (llamacpp-spec: accepted/drafted tokens) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Forward precision compared ({root})",
+        "",
+        f"{hw.get('cpu')} ({' '.join(hw.get('cpu_flags', []))}), {hw.get('threads')} threads; "
+        f"{len({q for d in data.values() for q, _ in d})} Spec-Bench prompts.",
+        "",
+        "| target / draft | method | n | tok/s | vs ar (same dir) | vs llamacpp-ar (same dir) | vs int8 ar | "
+        "identical to ar | draft-model rounds (llamacpp-spec: accepted/drafted tokens) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, rows in data.items():
         cfg = configs[name]
         label = f"{cfg['dtype']} / {cfg.get('draft_dtype', cfg['dtype'])}"
@@ -71,10 +75,12 @@ def compare(root: Path) -> str:
             if m == "llamacpp-spec":  # llama.cpp's own counters (its timings' draft_n, draft_n_accepted)
                 drafts = f"{sum(r['accepted_tokens'] or 0 for r in own)}/{sum(r['drafted_tokens'] or 0 for r in own)}"
             ratio = lambda xs: f"{geomean(xs):.2f}x" if xs else "-"  # noqa: E731
-            lines.append(f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | {ratio(vs_ar)} | "
-                         f"{ratio(vs_llama)} | {ratio(vs_ar8)} | "
-                         f"{f'{sum(same)}/{len(same)}' if lossless and not m.startswith('llamacpp') else '-'} | "
-                         f"{drafts} |")
+            lines.append(
+                f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | {ratio(vs_ar)} | "
+                f"{ratio(vs_llama)} | {ratio(vs_ar8)} | "
+                f"{f'{sum(same)}/{len(same)}' if lossless and not m.startswith('llamacpp') else '-'} | "
+                f"{drafts} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -54,9 +54,12 @@ def batch_invariance(lm, vocab: int) -> dict:
     single = torch.stack(single)
     lm.reset()
     equal = [bool(torch.equal(batched[i], single[i])) for i in range(ROWS)]
-    return {"rows": ROWS, "bit_equal_rows": sum(equal),
-            "max_abs_diff": float((batched - single).abs().max()),
-            "same_argmax_rows": int((batched.argmax(-1) == single.argmax(-1)).sum())}
+    return {
+        "rows": ROWS,
+        "bit_equal_rows": sum(equal),
+        "max_abs_diff": float((batched - single).abs().max()),
+        "same_argmax_rows": int((batched.argmax(-1) == single.argmax(-1)).sum()),
+    }
 
 
 def one(spec: str, precision: str, read_bw: float) -> dict:
@@ -69,14 +72,24 @@ def one(spec: str, precision: str, read_bw: float) -> dict:
     inv = batch_invariance(lm, vocab)
     nbytes = weight_bytes(loaded.model)
     floor = nbytes / (read_bw * 1e9)
-    row = {"model": spec, "precision": loaded.precision.name, "load_s": round(load_s, 2),
-           "curve": curve.to_dict(), "c1_ms": round(1000 * curve(1), 1),
-           "ratios": {str(n): round(curve.ratio(n), 3) for n in range(1, ROWS + 1)},
-           "weight_bytes": nbytes, "floor_ms": round(1000 * floor, 1),
-           "c1_over_floor": round(curve(1) / floor, 2), "batch_invariance": inv}
-    print(f"{spec} {row['precision']}: c(1) {row['c1_ms']} ms (floor {row['floor_ms']} ms from "
-          f"{nbytes / 1e9:.2f} GB), c(16)/c(1) {curve.ratio(16):.2f}; 16-row forward: "
-          f"{inv['bit_equal_rows']}/{ROWS} rows bit-equal to 1-token forwards", file=sys.stderr)
+    row = {
+        "model": spec,
+        "precision": loaded.precision.name,
+        "load_s": round(load_s, 2),
+        "curve": curve.to_dict(),
+        "c1_ms": round(1000 * curve(1), 1),
+        "ratios": {str(n): round(curve.ratio(n), 3) for n in range(1, ROWS + 1)},
+        "weight_bytes": nbytes,
+        "floor_ms": round(1000 * floor, 1),
+        "c1_over_floor": round(curve(1) / floor, 2),
+        "batch_invariance": inv,
+    }
+    print(
+        f"{spec} {row['precision']}: c(1) {row['c1_ms']} ms (floor {row['floor_ms']} ms from "
+        f"{nbytes / 1e9:.2f} GB), c(16)/c(1) {curve.ratio(16):.2f}; 16-row forward: "
+        f"{inv['bit_equal_rows']}/{ROWS} rows bit-equal to 1-token forwards",
+        file=sys.stderr,
+    )
     print(format_curve(curve, [1, 2, 4, 8, 16]), file=sys.stderr)
     return row
 
@@ -90,8 +103,16 @@ def llamacpp_variants(spec: str) -> list[dict]:
         for fa in (1, 0):
             lm = GgufLM(loaded.model, repack=repack, flash_attn=fa)
             curve = measure(lm, ROWS, context=CONTEXT, vocab=vocab, repeats=3)
-            out.append({"model": spec, "repack": repack, "flash_attn": bool(fa), "c1_ms": round(1000 * curve(1), 1),
-                        "c16_over_c1": round(curve.ratio(16), 2), "batch_invariance": batch_invariance(lm, vocab)})
+            out.append(
+                {
+                    "model": spec,
+                    "repack": repack,
+                    "flash_attn": bool(fa),
+                    "c1_ms": round(1000 * curve(1), 1),
+                    "c16_over_c1": round(curve.ratio(16), 2),
+                    "batch_invariance": batch_invariance(lm, vocab),
+                }
+            )
             print(f"  int4 repack={repack} flash_attn={bool(fa)}: {out[-1]}", file=sys.stderr)
             del lm
     return out
@@ -99,36 +120,53 @@ def llamacpp_variants(spec: str) -> list[dict]:
 
 def render(data: dict) -> str:
     m = data["machine"]
-    lines = [f"# Forward cost, {data['date']}", "",
-             f"{m['cpu']} ({' '.join(m['cpu_flags']) or 'no flags of note'}), {m['threads']} threads. "
-             f"Memory bandwidth: copy {data['bandwidth_gbs']['copy']:.1f} GB/s, read "
-             f"{data['bandwidth_gbs']['read']:.1f} GB/s.", "",
-             "| model | precision | load s | GB/token | floor ms | c(1) ms | c(1)/floor | c(2)/c(1) | c(4)/c(1) "
-             "| c(8)/c(1) | c(16)/c(1) | 16-row forward: bit-equal rows | same argmax | max abs diff |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Forward cost, {data['date']}",
+        "",
+        f"{m['cpu']} ({' '.join(m['cpu_flags']) or 'no flags of note'}), {m['threads']} threads. "
+        f"Memory bandwidth: copy {data['bandwidth_gbs']['copy']:.1f} GB/s, read "
+        f"{data['bandwidth_gbs']['read']:.1f} GB/s.",
+        "",
+        "| model | precision | load s | GB/token | floor ms | c(1) ms | c(1)/floor | c(2)/c(1) | c(4)/c(1) "
+        "| c(8)/c(1) | c(16)/c(1) | 16-row forward: bit-equal rows | same argmax | max abs diff |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in data["rows"]:
         q, inv = r["ratios"], r["batch_invariance"]
-        lines.append(f"| {r['model']} | {r['precision']} | {r['load_s']} | {r['weight_bytes'] / 1e9:.2f} | "
-                     f"{r['floor_ms']} | {r['c1_ms']} | {r['c1_over_floor']} | {q['2']:.2f} | {q['4']:.2f} | "
-                     f"{q['8']:.2f} | {q['16']:.2f} | {inv['bit_equal_rows']}/{inv['rows']} | "
-                     f"{inv['same_argmax_rows']}/{inv['rows']} | {inv['max_abs_diff']:.3g} |")
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {r['load_s']} | {r['weight_bytes'] / 1e9:.2f} | "
+            f"{r['floor_ms']} | {r['c1_ms']} | {r['c1_over_floor']} | {q['2']:.2f} | {q['4']:.2f} | "
+            f"{q['8']:.2f} | {q['16']:.2f} | {inv['bit_equal_rows']}/{inv['rows']} | "
+            f"{inv['same_argmax_rows']}/{inv['rows']} | {inv['max_abs_diff']:.3g} |"
+        )
     by = {(r["model"], r["precision"]): r for r in data["rows"]}
     precisions = sorted({r["precision"] for r in data["rows"]})
-    pairs = [f"draft {dp} / target {tp} {by[(data['draft'], dp)]['c1_ms'] / by[(data['target'], tp)]['c1_ms']:.2f}"
-             for tp in precisions for dp in precisions if (data["target"], tp) in by and (data["draft"], dp) in by
-             and data["draft"] != data["target"]]
+    pairs = [
+        f"draft {dp} / target {tp} {by[(data['draft'], dp)]['c1_ms'] / by[(data['target'], tp)]['c1_ms']:.2f}"
+        for tp in precisions
+        for dp in precisions
+        if (data["target"], tp) in by and (data["draft"], dp) in by and data["draft"] != data["target"]
+    ]
     if pairs:
         lines.append("\nDraft/target c(1): " + ", ".join(pairs) + ".")
-    lines.append("\nfloor = GB/token / read bandwidth; load s: loading the model in that precision (int8: the float32 "
-                 "weights, then the cached int8 ones; int4: llama.cpp maps the GGUF).")
+    lines.append(
+        "\nfloor = GB/token / read bandwidth; load s: loading the model in that precision (int8: the float32 "
+        "weights, then the cached int8 ones; int4: llama.cpp maps the GGUF)."
+    )
     if data.get("llamacpp_variants"):
-        lines += ["", "llama.cpp's settings, target in int4 (3 repeats each):", "",
-                  "| repacked weights | flash attention | c(1) ms | c(16)/c(1) | bit-equal rows | same argmax |",
-                  "|---|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "llama.cpp's settings, target in int4 (3 repeats each):",
+            "",
+            "| repacked weights | flash attention | c(1) ms | c(16)/c(1) | bit-equal rows | same argmax |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
         for v in data["llamacpp_variants"]:
             inv = v["batch_invariance"]
-            lines.append(f"| {v['repack']} | {v['flash_attn']} | {v['c1_ms']} | {v['c16_over_c1']} | "
-                         f"{inv['bit_equal_rows']}/{inv['rows']} | {inv['same_argmax_rows']}/{inv['rows']} |")
+            lines.append(
+                f"| {v['repack']} | {v['flash_attn']} | {v['c1_ms']} | {v['c16_over_c1']} | "
+                f"{inv['bit_equal_rows']}/{inv['rows']} | {inv['same_argmax_rows']}/{inv['rows']} |"
+            )
     lines.append(f"\nReproduce: `{data['command']}`")
     return "\n".join(lines) + "\n"
 
@@ -138,8 +176,11 @@ def main() -> None:
     ap.add_argument("--precisions", default="int8,int4")
     ap.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
     ap.add_argument("--out", default="results/forward")
-    ap.add_argument("--llamacpp-variants", action="store_true",
-                    help="Also time the target in int4 with llama.cpp's repacking and flash attention on and off.")
+    ap.add_argument(
+        "--llamacpp-variants",
+        action="store_true",
+        help="Also time the target in int4 with llama.cpp's repacking and flash attention on and off.",
+    )
     ap.add_argument("--render", type=Path, help="Only write the .md of an earlier run's .json beside it.")
     args = ap.parse_args()
     if args.render:
@@ -149,11 +190,17 @@ def main() -> None:
     print(f"bandwidth: copy {bandwidth['copy']:.1f} GB/s, read {bandwidth['read']:.1f} GB/s", file=sys.stderr)
     models = args.models.split(",")
     rows = [one(m, p, bandwidth["read"]) for p in args.precisions.split(",") for m in models]
-    data = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": describe_device(torch.device("cpu")),
-            "bandwidth_gbs": bandwidth, "target": models[0], "draft": models[-1], "rows": rows,
-            "torch": torch.__version__,
-            "llamacpp_variants": llamacpp_variants(models[0]) if args.llamacpp_variants else [],
-            "command": "python benchmarks/forward_cost.py " + " ".join(sys.argv[1:])}
+    data = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": describe_device(torch.device("cpu")),
+        "bandwidth_gbs": bandwidth,
+        "target": models[0],
+        "draft": models[-1],
+        "rows": rows,
+        "torch": torch.__version__,
+        "llamacpp_variants": llamacpp_variants(models[0]) if args.llamacpp_variants else [],
+        "command": "python benchmarks/forward_cost.py " + " ".join(sys.argv[1:]),
+    }
     try:
         import llama_cpp
 

@@ -52,17 +52,52 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 # what loosespec imports at run time beside torch (numpy is assumed: GPU images ship it with torch); wheels of the
 # versions installed here are carried for those a GPU image lacks. Pure-Python or abi3 wheels, plus per-Python
 # builds of the two small binary ones.
-WHEELS = ("transformers", "tokenizers", "safetensors", "huggingface-hub", "hf-xet", "tqdm", "filelock", "fsspec",
-          "packaging", "jinja2", "typer", "click", "shellingham", "rich", "markdown-it-py", "mdurl", "pygments",
-          "typing-extensions", "annotated-doc", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio",
-          "pytest", "pluggy", "iniconfig")
+WHEELS = (
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "huggingface-hub",
+    "hf-xet",
+    "tqdm",
+    "filelock",
+    "fsspec",
+    "packaging",
+    "jinja2",
+    "typer",
+    "click",
+    "shellingham",
+    "rich",
+    "markdown-it-py",
+    "mdurl",
+    "pygments",
+    "typing-extensions",
+    "annotated-doc",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "idna",
+    "certifi",
+    "sniffio",
+    "pytest",
+    "pluggy",
+    "iniconfig",
+)
 BINARY_WHEELS = ("regex", "pyyaml", "markupsafe")
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-TINY_TESTS = ("tests/decode/test_engine_tiny.py", "tests/decode/test_fly_e2e.py", "tests/decode/test_specguard.py",
-              "tests/decode/test_draftlen.py", "tests/decode/test_static_cache.py", "tests/verify",
-              "tests/integrations/test_vllm_rule.py")
-PROMPT = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\n"
-          "def div(a, b):\n")
+TINY_TESTS = (
+    "tests/decode/test_engine_tiny.py",
+    "tests/decode/test_fly_e2e.py",
+    "tests/decode/test_specguard.py",
+    "tests/decode/test_draftlen.py",
+    "tests/decode/test_static_cache.py",
+    "tests/verify",
+    "tests/integrations/test_vllm_rule.py",
+)
+PROMPT = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\n"
+    "def div(a, b):\n"
+)
 
 
 def _write(path: Path, text: str) -> None:
@@ -92,8 +127,12 @@ def prepare(args) -> int:
         dst.mkdir(exist_ok=True)
         shutil.copy2(src / "config.json", dst / "config.json")
         for f in TOKENIZER_FILES:  # the draft's, only where they differ from the target's (the pair shares one)
-            same = role != "target" and (out / "target" / f).exists() and (src / f).exists() and \
-                (out / "target" / f).read_bytes() == (src / f).read_bytes()
+            same = (
+                role != "target"
+                and (out / "target" / f).exists()
+                and (src / f).exists()
+                and (out / "target" / f).read_bytes() == (src / f).read_bytes()
+            )
             if (src / f).exists() and not same:
                 shutil.copy2(src / f, dst / f)
             elif same and (dst / f).exists():
@@ -101,8 +140,17 @@ def prepare(args) -> int:
     if not args.no_wheels:
         wheels = out / "wheels"
         wheels.mkdir(exist_ok=True)
-        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "download", "--no-deps", "-d",
-               str(wheels)]
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "-q",
+            "download",
+            "--no-deps",
+            "-d",
+            str(wheels),
+        ]
 
         def version(name):
             try:
@@ -114,8 +162,20 @@ def prepare(args) -> int:
         subprocess.run([*pip, "--only-binary=:all:", *pure], check=True)
         for py in PYTHONS:
             binary = [f"{n}=={version(n)}" for n in BINARY_WHEELS if version(n)]
-            subprocess.run([*pip, "--only-binary=:all:", "--python-version", py, "--platform",
-                            "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", *binary], check=False)
+            subprocess.run(
+                [
+                    *pip,
+                    "--only-binary=:all:",
+                    "--python-version",
+                    py,
+                    "--platform",
+                    "manylinux_2_17_x86_64",
+                    "--platform",
+                    "manylinux2014_x86_64",
+                    *binary,
+                ],
+                check=False,
+            )
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 2**20:.1f} MiB (the device run carries at most 64 MiB)")
     return 0 if size < 60 * 2**20 else 1
@@ -157,8 +217,13 @@ def section(summary: dict, name: str, budget: Budget, need_s: float = 5.0):
             if summary.get("out"):  # a run killed later still leaves what it measured
                 _write(Path(summary["out"]), json.dumps(summary, indent=1, default=str) + "\n")
             ok = rec.get("ok")
-            state = ("ok" if ok else f"FAILED: {rec.get('error', '')}" if ok is False
-                     else f"n/a: {rec.get('skipped') or rec.get('note', '')}")
+            state = (
+                "ok"
+                if ok
+                else f"FAILED: {rec.get('error', '')}"
+                if ok is False
+                else f"n/a: {rec.get('skipped') or rec.get('note', '')}"
+            )
             print(f"# {name}: {state} ({rec.get('seconds', 0)} s)", file=sys.stderr, flush=True)
 
     return body()
@@ -190,10 +255,15 @@ def env_section(rec: dict, device) -> None:
 
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        rec["gpu"] = {"name": props.name, "capability": list(torch.cuda.get_device_capability(device)),
-                      "bf16_native": cuda_bf16_native(device), "bf16_supported_incl_emulation":
-                      torch.cuda.is_bf16_supported(), "memory_gib": round(total / 2**30, 1),
-                      "free_gib": round(free / 2**30, 1), "multiprocessors": props.multi_processor_count}
+        rec["gpu"] = {
+            "name": props.name,
+            "capability": list(torch.cuda.get_device_capability(device)),
+            "bf16_native": cuda_bf16_native(device),
+            "bf16_supported_incl_emulation": torch.cuda.is_bf16_supported(),
+            "memory_gib": round(total / 2**30, 1),
+            "free_gib": round(free / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+        }
         rec["dtype_auto"] = resolve_precision("auto", "auto", device).to_dict()
     try:
         from packaging.specifiers import SpecifierSet
@@ -205,14 +275,16 @@ def env_section(rec: dict, device) -> None:
             v = md.version(name)
         except md.PackageNotFoundError:
             v = None
-        ok = None if v is None or SpecifierSet is None else SpecifierSet(spec).contains(v.split("+")[0],
-                                                                                         prereleases=True)
+        ok = (
+            None
+            if v is None or SpecifierSet is None
+            else SpecifierSet(spec).contains(v.split("+")[0], prereleases=True)
+        )
         checks[name] = {"installed": v, "pinned": spec, "in_range": ok}
     rec["dependencies"] = checks
     rec["out_of_range"] = sorted(n for n, c in checks.items() if c["in_range"] is False)
     rec["missing"] = sorted(n for n, c in checks.items() if c["installed"] is None)
-    rec["pip_list"] = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()
-                             if d.metadata["Name"])
+    rec["pip_list"] = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if d.metadata["Name"])
     try:
         import transformers
 
@@ -224,18 +296,35 @@ def env_section(rec: dict, device) -> None:
 
 def tests_section(rec: dict, device, budget: Budget, files) -> None:
     junit = Path(tempfile.mkdtemp()) / "junit.xml"
-    env = {**os.environ, "LOOSESPEC_TEST_DEVICE": str(device), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
-           "not real_model and not default_pair and not vllm", f"--junitxml={junit}", *files]
+    env = {
+        **os.environ,
+        "LOOSESPEC_TEST_DEVICE": str(device),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not real_model and not default_pair and not vllm",
+        f"--junitxml={junit}",
+        *files,
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=max(30.0, budget.left() - 240))
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(30.0, budget.left() - 240)
+        )
         rec["returncode"] = proc.returncode
         rec["tail"] = proc.stdout[-2500:]
     except subprocess.TimeoutExpired as e:
         rec["returncode"] = None
-        rec["tail"] = (e.stdout or b"")[-2500:].decode(errors="replace") if isinstance(e.stdout, bytes) else str(e.stdout)[-2500:]
+        rec["tail"] = (
+            (e.stdout or b"")[-2500:].decode(errors="replace") if isinstance(e.stdout, bytes) else str(e.stdout)[-2500:]
+        )
         rec["timed_out"] = True
     if junit.exists():
         import xml.etree.ElementTree as ET
@@ -243,8 +332,12 @@ def tests_section(rec: dict, device, budget: Budget, files) -> None:
         root = ET.parse(junit).getroot()
         suites = [root] if root.tag == "testsuite" else list(root)
         rec["counts"] = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-        rec["failed"] = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
-                         if c.find("failure") is not None or c.find("error") is not None][:40]
+        rec["failed"] = [
+            f"{c.get('classname')}::{c.get('name')}"
+            for s in suites
+            for c in s.iter("testcase")
+            if c.find("failure") is not None or c.find("error") is not None
+        ][:40]
     rec["ok"] = rec.get("returncode") == 0
 
 
@@ -275,8 +368,9 @@ def build_models(rec: dict, assets: Path, work: Path, device, size: str) -> dict
             cfg = shrink(cfg)
         torch.manual_seed(0 if role == "target" else 1)
         with build_device:
-            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if device.type == "cuda"
-                                                     else torch.float32)
+            model = AutoModelForCausalLM.from_config(
+                cfg, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32
+            )
         with torch.no_grad():
             if not cfg.tie_word_embeddings:  # peaked logits: greedy choices well apart, outputs that loop
                 model.lm_head.weight.mul_(30.0)
@@ -286,8 +380,11 @@ def build_models(rec: dict, assets: Path, work: Path, device, size: str) -> dict
                 g = torch.Generator(device=build_device).manual_seed(2)
                 with torch.no_grad():
                     for p in model.parameters():
-                        p.add_(torch.randn(p.shape, generator=g, device=build_device, dtype=p.dtype) * p.float().std()
-                               .to(p.dtype) * 0.05)
+                        p.add_(
+                            torch.randn(p.shape, generator=g, device=build_device, dtype=p.dtype)
+                            * p.float().std().to(p.dtype)
+                            * 0.05
+                        )
             d = work / name
             model.save_pretrained(d)
             for f in TOKENIZER_FILES:  # the draft's own where prepare kept them, else the target's (shared)
@@ -295,8 +392,12 @@ def build_models(rec: dict, assets: Path, work: Path, device, size: str) -> dict
                 if src.exists():
                     shutil.copy2(src, d / f)
             dirs[name] = d
-        rec[role] = {"params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-                     "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size}
+        rec[role] = {
+            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+            "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size,
+            "vocab": cfg.vocab_size,
+        }
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -314,21 +415,42 @@ def generation_runs(device):
             if t:
                 runs.append(("fly", drafter, t, {"fly_sampling": "rejection"}))
     for t in (0.0, 0.7):
-        runs.append(("specguard", "ngram", t, {"sg_tau": 0.5, "sg_candidates": 2, "sg_max_step_tokens": 16,
-                                               "sg_delimiter": "\n"}))
+        runs.append(
+            (
+                "specguard",
+                "ngram",
+                t,
+                {"sg_tau": 0.5, "sg_candidates": 2, "sg_max_step_tokens": 16, "sg_delimiter": "\n"},
+            )
+        )
     return runs
 
 
 def run_one(engine, method, drafter, temperature, knobs, max_new_tokens, prompt=PROMPT):
     from loosespec import DecodeConfig
 
-    cfg = DecodeConfig.create(method, drafter, has_draft_model=engine.draft is not None, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=0, adaptive_draft_length=False, **knobs)
+    cfg = DecodeConfig.create(
+        method,
+        drafter,
+        has_draft_model=engine.draft is not None,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=0,
+        adaptive_draft_length=False,
+        **knobs,
+    )
     r = engine.generate(prompt, cfg, raw=True)
     st = r.stats.to_dict()
-    return {"new_tokens": st["new_tokens"], "rounds": st["rounds"], "acceptance_rate": st["acceptance_rate"],
-            "mean_accepted_length": st["mean_accepted_length"], "tokens_per_s": st["tokens_per_s"],
-            "wall_s": st["wall_s"], "fly_deferred": st.get("fly_deferred"), "finish": r.finish_reason}
+    return {
+        "new_tokens": st["new_tokens"],
+        "rounds": st["rounds"],
+        "acceptance_rate": st["acceptance_rate"],
+        "mean_accepted_length": st["mean_accepted_length"],
+        "tokens_per_s": st["tokens_per_s"],
+        "wall_s": st["wall_s"],
+        "fly_deferred": st.get("fly_deferred"),
+        "finish": r.finish_reason,
+    }
 
 
 def dtypes_for(device) -> list[str]:
@@ -364,15 +486,26 @@ def matrix_section(rec: dict, dirs: dict, device, max_new_tokens: int, budget: B
             if not row["ok"]:
                 failures.append(row)
             rec["runs"].append(row)
-            print(f"  {dtype} {method}-{drafter} T={t}: {'ok' if row['ok'] else row.get('error')} "
-                  f"({row.get('wall_s')} s)", file=sys.stderr, flush=True)
+            print(
+                f"  {dtype} {method}-{drafter} T={t}: {'ok' if row['ok'] else row.get('error')} "
+                f"({row.get('wall_s')} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         del engine
         # FLy with its gate open (theta 0) on a draft that agrees with the target often: it must defer
-        selfpair = Engine.load(str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtype, device=str(device),
-                               progress=False)
+        selfpair = Engine.load(
+            str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtype, device=str(device), progress=False
+        )
         for drafter in ("ngram", "model", "mla"):
-            row = {"dtype": dtype, "method": "fly", "drafter": drafter, "temperature": 0.0, "pair": "self-draft",
-                   "fly_entropy_threshold": 0.0}
+            row = {
+                "dtype": dtype,
+                "method": "fly",
+                "drafter": drafter,
+                "temperature": 0.0,
+                "pair": "self-draft",
+                "fly_entropy_threshold": 0.0,
+            }
             try:
                 row.update(run_one(selfpair, "fly", drafter, 0.0, {"fly_entropy_threshold": 0.0}, max_new_tokens))
                 row["ok"] = row["new_tokens"] > 0
@@ -397,12 +530,30 @@ def rule_cost_section(rec: dict, dirs: dict, device, size: str) -> None:
         dtype = "bfloat16" if cuda_bf16_native(device) else "float16"
     for role in ("target", "draft"):
         out = Path(tempfile.mkdtemp()) / "cost.json"
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "rule_cost.py"), "--target", str(dirs[role]), "--device",
-               str(device), "--dtype", dtype, "--quantize", "none", "--json", str(out)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "rule_cost.py"),
+            "--target",
+            str(dirs[role]),
+            "--device",
+            str(device),
+            "--dtype",
+            dtype,
+            "--quantize",
+            "none",
+            "--json",
+            str(out),
+        ]
         if size == "tiny":
             cmd += ["--prompt-tokens", "64", "--repeat", "2"]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        )
         rec[role] = json.loads(out.read_text()) if out.exists() else {"error": proc.stderr[-1500:]}
         rec[role]["stdout"] = proc.stdout[-1500:]
         if proc.returncode:
@@ -421,12 +572,26 @@ def syncs_section(rec: dict, dirs: dict, device, max_new_tokens: int) -> None:
     if device.type != "cuda":
         rec.update(ok=None, note="CUDA only (torch.cuda.set_sync_debug_mode)")
         return
-    engine = Engine.load(str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtypes_for(device)[0], device=str(device),
-                         progress=False)
-    for method, drafter, k in (("ar", None, None), ("exact", "ngram", 10), ("exact", "mla", 15), ("fly", "mla", 15),
-                               ("fly", "model", 15), ("rejection", "mla", 15)):
-        cfg = DecodeConfig.create(method, drafter, num_draft_tokens=k, has_draft_model=True, max_new_tokens=max_new_tokens,
-                                  temperature=0.7 if method == "rejection" else 0.0, adaptive_draft_length=False)
+    engine = Engine.load(
+        str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtypes_for(device)[0], device=str(device), progress=False
+    )
+    for method, drafter, k in (
+        ("ar", None, None),
+        ("exact", "ngram", 10),
+        ("exact", "mla", 15),
+        ("fly", "mla", 15),
+        ("fly", "model", 15),
+        ("rejection", "mla", 15),
+    ):
+        cfg = DecodeConfig.create(
+            method,
+            drafter,
+            num_draft_tokens=k,
+            has_draft_model=True,
+            max_new_tokens=max_new_tokens,
+            temperature=0.7 if method == "rejection" else 0.0,
+            adaptive_draft_length=False,
+        )
         engine.generate(PROMPT, cfg, raw=True)  # warm-up
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -437,9 +602,13 @@ def syncs_section(rec: dict, dirs: dict, device, max_new_tokens: int) -> None:
                 torch.cuda.set_sync_debug_mode("default")
         syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
         rounds = max(1, r.stats.rounds)
-        rec[f"{method}-{drafter or 'none'}"] = {"syncs": syncs, "rounds": r.stats.rounds,
-                                                 "syncs_per_round": round(syncs / rounds, 2),
-                                                 "k": k, "tokens_per_s": round(r.stats.tokens_per_s, 1)}
+        rec[f"{method}-{drafter or 'none'}"] = {
+            "syncs": syncs,
+            "rounds": r.stats.rounds,
+            "syncs_per_round": round(syncs / rounds, 2),
+            "k": k,
+            "tokens_per_s": round(r.stats.tokens_per_s, 1),
+        }
 
 
 def static_compile_section(rec: dict, dirs: dict, device, max_new_tokens: int) -> None:
@@ -454,14 +623,28 @@ def static_compile_section(rec: dict, dirs: dict, device, max_new_tokens: int) -
     dtype = dtypes_for(device)[0]
     base = Engine.load(str(dirs["target"]), str(dirs["selfdraft"]), dtype=dtype, device=str(device), progress=False)
     backend = "inductor" if device.type == "cuda" else "eager"
-    engines = {"dynamic": base,
-               "static": Engine(base.target, base.draft, cache_implementation="static", max_cache_len=2048),
-               "static-compiled": Engine(base.target, base.draft, cache_implementation="static", max_cache_len=2048,
-                                         compile=True, compile_backend=backend)}
+    engines = {
+        "dynamic": base,
+        "static": Engine(base.target, base.draft, cache_implementation="static", max_cache_len=2048),
+        "static-compiled": Engine(
+            base.target,
+            base.draft,
+            cache_implementation="static",
+            max_cache_len=2048,
+            compile=True,
+            compile_backend=backend,
+        ),
+    }
     rec.update(dtype=dtype, compile_backend=backend)
     for method, drafter, k in (("ar", None, None), ("exact", "model", 15)):
-        cfg = DecodeConfig.create(method, drafter, num_draft_tokens=k, has_draft_model=True,
-                                  max_new_tokens=max_new_tokens, adaptive_draft_length=False)
+        cfg = DecodeConfig.create(
+            method,
+            drafter,
+            num_draft_tokens=k,
+            has_draft_model=True,
+            max_new_tokens=max_new_tokens,
+            adaptive_draft_length=False,
+        )
         tokens, row = {}, {}
         for name, engine in engines.items():
             t0 = time.perf_counter()
@@ -469,13 +652,19 @@ def static_compile_section(rec: dict, dirs: dict, device, max_new_tokens: int) -
             first = time.perf_counter() - t0
             r = engine.generate(PROMPT, cfg, raw=True)
             tokens[name] = r.token_ids
-            row[name] = {"tokens_per_s": round(r.stats.tokens_per_s, 1), "first_run_s": round(first, 1),
-                         "compiled_forwards": getattr(engine.target_lm, "compiled_forwards", None)}
+            row[name] = {
+                "tokens_per_s": round(r.stats.tokens_per_s, 1),
+                "first_run_s": round(first, 1),
+                "compiled_forwards": getattr(engine.target_lm, "compiled_forwards", None),
+            }
         row["same_tokens"] = {n: tokens[n] == tokens["dynamic"] for n in tokens if n != "dynamic"}
-        row["speedup_compiled_over_dynamic"] = round(row["static-compiled"]["tokens_per_s"] /
-                                                     max(row["dynamic"]["tokens_per_s"], 1e-9), 2)
+        row["speedup_compiled_over_dynamic"] = round(
+            row["static-compiled"]["tokens_per_s"] / max(row["dynamic"]["tokens_per_s"], 1e-9), 2
+        )
         rec[f"{method}-{drafter or 'none'}"] = row
-    rec["ok"] = all(all(r["same_tokens"].values()) for key, r in rec.items() if isinstance(r, dict) and "same_tokens" in r)
+    rec["ok"] = all(
+        all(r["same_tokens"].values()) for key, r in rec.items() if isinstance(r, dict) and "same_tokens" in r
+    )
 
 
 def peak_memory_section(rec: dict, dirs: dict, device, prompt_tokens: int) -> None:
@@ -487,20 +676,26 @@ def peak_memory_section(rec: dict, dirs: dict, device, prompt_tokens: int) -> No
     if device.type != "cuda":
         rec.update(ok=None, note="CUDA only (torch.cuda.max_memory_allocated)")
         return
-    engine = Engine.load(str(dirs["target"]), str(dirs["draft"]), dtype=dtypes_for(device)[0], device=str(device),
-                         progress=False)
+    engine = Engine.load(
+        str(dirs["target"]), str(dirs["draft"]), dtype=dtypes_for(device)[0], device=str(device), progress=False
+    )
     ids = engine.tokenizer(PROMPT * (prompt_tokens // 40 + 1), return_tensors="pt")["input_ids"][:, :prompt_tokens]
     rec["weights_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
-    for name, method, drafter, knobs in (("exact-mla", "exact", "mla", {}),
-                                         ("specguard", "specguard", "ngram", {"sg_tau": 0.5, "sg_candidates": 2,
-                                                                             "sg_max_step_tokens": 16})):
+    for name, method, drafter, knobs in (
+        ("exact-mla", "exact", "mla", {}),
+        ("specguard", "specguard", "ngram", {"sg_tau": 0.5, "sg_candidates": 2, "sg_max_step_tokens": 16}),
+    ):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        cfg = DecodeConfig.create(method, drafter, has_draft_model=True, max_new_tokens=32, adaptive_draft_length=False,
-                                  **knobs)
+        cfg = DecodeConfig.create(
+            method, drafter, has_draft_model=True, max_new_tokens=32, adaptive_draft_length=False, **knobs
+        )
         r = engine.generate(ids.to(device), cfg)  # a 2-D prompt already on the GPU (issue 22, 3)
-        rec[name] = {"prompt_tokens": int(ids.shape[1]), "new_tokens": r.stats.new_tokens,
-                     "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)}
+        rec[name] = {
+            "prompt_tokens": int(ids.shape[1]),
+            "new_tokens": r.stats.new_tokens,
+            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+        }
 
 
 def vllm_rule_section(rec: dict, device, vocab: int, requests: int = 64, k: int = 15) -> None:
@@ -521,18 +716,30 @@ def vllm_rule_section(rec: dict, device, vocab: int, requests: int = 64, k: int 
     sampled = torch.zeros(rows, dtype=torch.long)
     for r in range(requests):  # drafts: the target's argmax mostly, a few mismatches
         lo, n = int(cu[r]), int(lens[r])
-        d = hot[lo: lo + n].clone()
+        d = hot[lo : lo + n].clone()
         flip = torch.rand(n, generator=g) < 0.25
         d[flip] = torch.randint(0, vocab, (int(flip.sum()),), generator=g)
-        sampled[lo + 1: lo + 1 + n] = d
+        sampled[lo + 1 : lo + 1 + n] = d
     pos = torch.arange(rows)
     idx = torch.randperm(requests, generator=g)
     settings = FlySettings(fly_entropy_threshold=0.0)  # gate open: deferral paths run
 
     def call(dev, temperature, sampled_path="per-request"):
         t = lambda x: x.to(dev)
-        return fly_rejection_sample_v2(t(raw), t(raw), None, t(sampled), t(cu), t(pos), t(idx), t(temperature),
-                                       t(torch.arange(requests)), k, settings, sampled_path=sampled_path)
+        return fly_rejection_sample_v2(
+            t(raw),
+            t(raw),
+            None,
+            t(sampled),
+            t(cu),
+            t(pos),
+            t(idx),
+            t(temperature),
+            t(torch.arange(requests)),
+            k,
+            settings,
+            sampled_path=sampled_path,
+        )
 
     def timed(dev, temperature, sampled_path="per-request"):
         if dev.type == "cuda":
@@ -546,8 +753,9 @@ def vllm_rule_section(rec: dict, device, vocab: int, requests: int = 64, k: int 
     greedy_t = torch.zeros(requests)
     cpu = call(torch.device("cpu"), greedy_t)
     dev, rec["greedy_ms"] = timed(device, greedy_t)
-    rec["greedy_equal_to_cpu"] = bool(torch.equal(cpu[0], dev[0].cpu()) and torch.equal(cpu[1], dev[1].cpu())
-                                      and cpu[2] == dev[2])
+    rec["greedy_equal_to_cpu"] = bool(
+        torch.equal(cpu[0], dev[0].cpu()) and torch.equal(cpu[1], dev[1].cpu()) and cpu[2] == dev[2]
+    )
     rec["events"] = dev[2]
     mixed_t = torch.where(torch.arange(requests) % 2 == 0, torch.tensor(0.0), torch.tensor(0.7))
     greedy_rows = [i for i in range(requests) if float(mixed_t[idx[i]]) == 0.0]
@@ -558,7 +766,8 @@ def vllm_rule_section(rec: dict, device, vocab: int, requests: int = 64, k: int 
         (s, n, _), ms = timed(device, mixed_t, path)
         s, n = s.cpu(), n.cpu()
         ok = bool(((n >= 1) & (n <= lens + 1)).all()) and all(
-            bool((s[i, : int(n[i])] >= 0).all() and (s[i, int(n[i]):] == -1).all()) for i in range(requests))
+            bool((s[i, : int(n[i])] >= 0).all() and (s[i, int(n[i]) :] == -1).all()) for i in range(requests)
+        )
         if path == "per-request":
             per_request = s
         else:  # greedy requests: the same rows on either path
@@ -576,8 +785,13 @@ def run(args) -> int:
 
     budget = Budget(args.budget_s)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    summary = {"script": "benchmarks/gpu_smoke.py", "device": str(device), "size": args.size,
-               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sections": {}}
+    summary = {
+        "script": "benchmarks/gpu_smoke.py",
+        "device": str(device),
+        "size": args.size,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sections": {},
+    }
     if device.type == "cuda" and not torch.cuda.is_available():
         summary["error"] = "--device cuda but torch sees no CUDA device"
     assets = Path(args.assets)
@@ -603,11 +817,13 @@ def run(args) -> int:
                     raise FileNotFoundError(f"{assets}/target/config.json: run `gpu_smoke.py prepare` first")
                 dirs = build_models(rec, assets, work, device, args.size)
         if dirs is not None:
-            plan = [("matrix", 90, lambda r: matrix_section(r, dirs, device, args.max_new_tokens, budget)),
-                    ("rule_cost", 30, lambda r: rule_cost_section(r, dirs, device, args.size)),
-                    ("syncs", 20, lambda r: syncs_section(r, dirs, device, args.max_new_tokens)),
-                    ("peak_memory", 20, lambda r: peak_memory_section(r, dirs, device, args.long_prompt)),
-                    ("static_compile", 150, lambda r: static_compile_section(r, dirs, device, args.max_new_tokens))]
+            plan = [
+                ("matrix", 90, lambda r: matrix_section(r, dirs, device, args.max_new_tokens, budget)),
+                ("rule_cost", 30, lambda r: rule_cost_section(r, dirs, device, args.size)),
+                ("syncs", 20, lambda r: syncs_section(r, dirs, device, args.max_new_tokens)),
+                ("peak_memory", 20, lambda r: peak_memory_section(r, dirs, device, args.long_prompt)),
+                ("static_compile", 150, lambda r: static_compile_section(r, dirs, device, args.max_new_tokens)),
+            ]
             for name, need, fn in plan:
                 if name in skip:
                     continue
@@ -627,8 +843,11 @@ def run(args) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         _write(out, json.dumps(summary, indent=1, default=str) + "\n")
-        print(f"# summary: {out} (ok={summary['ok']}, failed: {summary['failed_sections'] or 'none'}, "
-              f"{summary['seconds']} s)", file=sys.stderr)
+        print(
+            f"# summary: {out} (ok={summary['ok']}, failed: {summary['failed_sections'] or 'none'}, "
+            f"{summary['seconds']} s)",
+            file=sys.stderr,
+        )
     return 0 if summary["ok"] else 1
 
 
@@ -645,8 +864,12 @@ def main(argv=None) -> int:
     r.add_argument("--size", choices=("full", "tiny"), default=None, help="full on CUDA, tiny on the CPU by default")
     r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--long-prompt", type=int, default=4096)
-    r.add_argument("--vllm-vocab", type=int, default=None, help="vocabulary of the 64-request batch (default: "
-                   "the target's 151936 on CUDA, 4096 on the CPU)")
+    r.add_argument(
+        "--vllm-vocab",
+        type=int,
+        default=None,
+        help="vocabulary of the 64-request batch (default: the target's 151936 on CUDA, 4096 on the CPU)",
+    )
     r.add_argument("--budget-s", type=float, default=450.0)
     r.add_argument("--tests", default="", help="comma-separated test paths (default: the tiny-model test files)")
     r.add_argument("--skip", default="", help="comma-separated sections to skip")

@@ -33,8 +33,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problem", type=int, default=0, help="GSM8K test row")
     ap.add_argument("--tokens", type=int, default=40, help="new tokens to generate")
-    ap.add_argument("--results", type=Path, default=Path("results/bench/evidence/gsm8k"),
-                    help="a bench directory with ar's row for the problem")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results/bench/evidence/gsm8k"),
+        help="a bench directory with ar's row for the problem",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -55,11 +59,22 @@ def main(argv=None) -> int:
     ids = encode_prompt(engine.tokenizer, load_dataset("gsm8k", limit=args.problem + 1)[args.problem].prompt)
     inp = ids.unsqueeze(0)
     eos = sorted(engine.stop_ids)
-    kw = dict(attention_mask=torch.ones_like(inp), max_new_tokens=args.tokens, do_sample=False, temperature=None,
-              top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0], return_dict_in_generate=True,
-              output_logits=True)
-    print(f"{qid}: the default pair, precision "
-          f"{getattr(engine, 'precision', '?')}, attention {model.config._attn_implementation}, prompt {len(ids)} tokens")
+    kw = dict(
+        attention_mask=torch.ones_like(inp),
+        max_new_tokens=args.tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    print(
+        f"{qid}: the default pair, precision "
+        f"{getattr(engine, 'precision', '?')}, attention {model.config._attn_implementation}, prompt {len(ids)} tokens"
+    )
 
     calls = collections.Counter()
     rowwise = quant.rowwise_attention
@@ -92,19 +107,23 @@ def main(argv=None) -> int:
         hf = model.generate(inp, **kw)
         hf_calls = dict(calls)
         calls.clear()
-        hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
-                 model.register_forward_hook(after, with_kwargs=True)]
+        hooks = [
+            model.register_forward_pre_hook(before, with_kwargs=True),
+            model.register_forward_hook(after, with_kwargs=True),
+        ]
         try:
             assist = model.generate(inp, assistant_model=engine.draft.model, tokenizer=engine.tokenizer, **kw)
         finally:
             for h in hooks:
                 h.remove()
-    hf_ids = hf.sequences[0, inp.shape[1]:].tolist()
-    assist_ids = assist.sequences[0, inp.shape[1]:].tolist()
+    hf_ids = hf.sequences[0, inp.shape[1] :].tolist()
+    assist_ids = assist.sequences[0, inp.shape[1] :].tolist()
 
     k = first_divergence(ar["token_ids"], hf_ids)
-    print(f"\n1. ar and hf-ar part at new token {k}: ar {ar['token_ids'][k] if k is not None else '-'}, "
-          f"hf-ar {hf_ids[k] if k is not None else '-'}")
+    print(
+        f"\n1. ar and hf-ar part at new token {k}: ar {ar['token_ids'][k] if k is not None else '-'}, "
+        f"hf-ar {hf_ids[k] if k is not None else '-'}"
+    )
     if k is not None:
         cache = CachedLM(model)
         seq = torch.cat([ids, torch.tensor(hf_ids[:k])])
@@ -114,26 +133,34 @@ def main(argv=None) -> int:
                 last = cache.logits(seq[:n], 1)[0]
                 worst = max(worst, float((last - hf.logits[j][0].float()).abs().max()))
         top = torch.topk(last, 2)
-        print(f"   loosespec's cache fed as generate feeds it: largest logit difference to generate's over steps 0..{k}: "
-              f"{worst:g}; it picks {int(last.argmax())} (top two {top.indices.tolist()}, logits "
-              f"{[round(v, 3) for v in top.values.tolist()]})")
+        print(
+            f"   loosespec's cache fed as generate feeds it: largest logit difference to generate's over steps 0..{k}: "
+            f"{worst:g}; it picks {int(last.argmax())} (top two {top.indices.tolist()}, logits "
+            f"{[round(v, 3) for v in top.values.tolist()]})"
+        )
     j = first_divergence(hf_ids, assist_ids)
-    print(f"\n2. hf-assist and hf-ar part at new token {j}: hf-ar {hf_ids[j] if j is not None else '-'}, "
-          f"hf-assist {assist_ids[j] if j is not None else '-'}")
+    print(
+        f"\n2. hf-assist and hf-ar part at new token {j}: hf-ar {hf_ids[j] if j is not None else '-'}, "
+        f"hf-assist {assist_ids[j] if j is not None else '-'}"
+    )
     print(f"   attention calls (queries, mask) in hf-ar: {hf_calls}")
     print(f"   in hf-assist (target and draft): {dict(calls)}")
     # scored[j] is the last forward that scored token j; up to the first difference the two runs share the text
     shared = j if j is not None else min(len(hf_ids), len(assist_ids)) - 1  # to the first difference
-    print("   hf-assist's target logits against hf-ar's, new token: (queries of the forward that scored it) "
-          "largest difference")
+    print(
+        "   hf-assist's target logits against hf-ar's, new token: (queries of the forward that scored it) "
+        "largest difference"
+    )
     for t in range(shared + 1):
         if t not in scored or t >= len(hf.logits):
             continue
         queries, row = scored[t]
         ref = hf.logits[t][0].float()
         top = torch.topk(row, 2)
-        print(f"   {t}: ({queries} queries) {float((row - ref).abs().max()):g}; picks {int(row.argmax())} "
-              f"(hf-ar {int(ref.argmax())}), top two logits {[round(v, 3) for v in top.values.tolist()]}")
+        print(
+            f"   {t}: ({queries} queries) {float((row - ref).abs().max()):g}; picks {int(row.argmax())} "
+            f"(hf-ar {int(ref.argmax())}), top two logits {[round(v, 3) for v in top.values.tolist()]}"
+        )
 
     first = min(scored.get(0, (0,))[0], len(ids) + len(assist_ids)) - len(ids)  # candidates riding with the prompt
     if first > 0:
@@ -141,8 +168,9 @@ def main(argv=None) -> int:
 
         def last_prompt_row(tokens):
             with torch.inference_mode():
-                out = model(input_ids=tokens.unsqueeze(0), past_key_values=DynamicCache(config=model.config),
-                            use_cache=True)
+                out = model(
+                    input_ids=tokens.unsqueeze(0), past_key_values=DynamicCache(config=model.config), use_cache=True
+                )
             return out.logits[0, len(ids) - 1].float()
 
         longer = torch.cat([ids, torch.tensor(assist_ids[:first])])
@@ -152,9 +180,11 @@ def main(argv=None) -> int:
             rowwise_diff = float((last_prompt_row(ids) - last_prompt_row(longer)).abs().max())
         finally:
             quant.ROWWISE_MAX_QUERIES = limit
-        print(f"\n3. the prompt ({len(ids)} tokens) prefilled alone and with hf-assist's first {first} candidates: "
-              f"the last prompt row's logits differ by {sdpa:g} with SDPA for the long forward, by {rowwise_diff:g} "
-              f"with the row-wise attention for every query count")
+        print(
+            f"\n3. the prompt ({len(ids)} tokens) prefilled alone and with hf-assist's first {first} candidates: "
+            f"the last prompt row's logits differ by {sdpa:g} with SDPA for the long forward, by {rowwise_diff:g} "
+            f"with the row-wise attention for every query count"
+        )
     return 0
 
 

@@ -30,8 +30,9 @@ from loosespec.drafters.ngram import SEARCHES, ngram_lookup  # noqa: E402
 from loosespec.fileio import atomic_write_text  # noqa: E402
 
 
-def replay(prompt: torch.Tensor, out: list[int], search: str, max_ngram: int, k: int,
-           cost: CostCurve) -> tuple[int, int, float]:
+def replay(
+    prompt: torch.Tensor, out: list[int], search: str, max_ngram: int, k: int, cost: CostCurve
+) -> tuple[int, int, float]:
     """(tokens, rounds, modelled seconds) of exact verification with this lookup on ``ar``'s output ``out``."""
     seq = torch.cat([prompt, torch.tensor(out, dtype=torch.long)])
     p, t, rounds, seconds = len(prompt), 0, 0, 0.0
@@ -50,8 +51,12 @@ def replay(prompt: torch.Tensor, out: list[int], search: str, max_ngram: int, k:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="bench result directories with ar rows")
-    ap.add_argument("--cost", type=Path, default=ROOT / "results/bench/cpu/cost_target.json",
-                    help="the target's cost curve (JSON as loosespec models cost writes it)")
+    ap.add_argument(
+        "--cost",
+        type=Path,
+        default=ROOT / "results/bench/cpu/cost_target.json",
+        help="the target's cost curve (JSON as loosespec models cost writes it)",
+    )
     ap.add_argument("--k", type=int, default=10, help="draft tokens per round (PLD's and loosespec's ngram default)")
     ap.add_argument("--max-ngram", type=int, default=3, help="longest suffix n-gram tried (prompt_lookup_max)")
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
@@ -64,11 +69,15 @@ def main(argv=None) -> int:
     from loosespec.models import resolve
 
     cost = CostCurve.from_dict(json.loads(args.cost.read_text()))
-    lines = [f"Prompt-lookup searches replayed on committed `ar` outputs: exact verification, K = {args.k}, "
-             f"max n-gram {args.max_ngram}; modelled with the cost curve {args.cost.relative_to(ROOT)} "
-             f"({cost.meta.get('cpu', '?')}, {cost.meta.get('precision', '?')}). Command: "
-             f"`.venv/bin/python benchmarks/lookup_replay.py {' '.join(str(d) for d in args.dirs)}`.", "",
-             "| set | prompts | search | tokens per round | modelled tok/s | vs fly |", "| --- | ---: | --- | ---: | ---: | ---: |"]
+    lines = [
+        f"Prompt-lookup searches replayed on committed `ar` outputs: exact verification, K = {args.k}, "
+        f"max n-gram {args.max_ngram}; modelled with the cost curve {args.cost.relative_to(ROOT)} "
+        f"({cost.meta.get('cpu', '?')}, {cost.meta.get('precision', '?')}). Command: "
+        f"`.venv/bin/python benchmarks/lookup_replay.py {' '.join(str(d) for d in args.dirs)}`.",
+        "",
+        "| set | prompts | search | tokens per round | modelled tok/s | vs fly |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
     for d in args.dirs:
         config = json.loads((d / "config.json").read_text())
         tok = AutoTokenizer.from_pretrained(str(resolve(config["target"]).path))
@@ -86,7 +95,9 @@ def main(argv=None) -> int:
             totals[s] = (tokens / rounds, tokens / seconds)
         for s in SEARCHES:
             tpr, tps = totals[s]
-            lines.append(f"| {config['dataset']} | {len(ar)} | {s} | {tpr:.3f} | {tps:.2f} | {tps / totals['fly'][1]:.3f} |")
+            lines.append(
+                f"| {config['dataset']} | {len(ar)} | {s} | {tpr:.3f} | {tps:.2f} | {tps / totals['fly'][1]:.3f} |"
+            )
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -29,13 +29,15 @@ def main(argv=None) -> int:
     for dtype in args.dtypes.split(","):
         m = load(args.target, dtype, "cpu", progress=False)
         ids = encode_prompt(m.tokenizer, gsm8k(args.problem + 1)[args.problem].prompt)
-        extra = m.tokenizer(" The ducks lay eggs every day.", return_tensors="pt").input_ids[0, :args.extra]
+        extra = m.tokenizer(" The ducks lay eggs every day.", return_tensors="pt").input_ids[0, : args.extra]
         with torch.inference_mode():
             alone = m.model(input_ids=ids.unsqueeze(0)).logits[0, -1]
             along = m.model(input_ids=torch.cat([ids, extra]).unsqueeze(0)).logits[0, ids.shape[0] - 1]
         for name, logits in ((f"prompt only ({ids.shape[0]} tokens)", alone), (f"prompt + {len(extra)} tokens", along)):
             top = torch.topk(torch.log_softmax(logits.float(), dim=-1), 3)
-            shown = ", ".join(f"{m.tokenizer.decode([int(i)])!r} {float(v):.4f}" for v, i in zip(top.values, top.indices))
+            shown = ", ".join(
+                f"{m.tokenizer.decode([int(i)])!r} {float(v):.4f}" for v, i in zip(top.values, top.indices)
+            )
             print(f"{dtype:9} {name:26} {shown}")
         del m
     return 0

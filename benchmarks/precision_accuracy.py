@@ -20,8 +20,11 @@ from loosespec.eval.stats import mcnemar_exact, wilson
 
 
 def ar_rows(d: Path) -> tuple[dict, dict]:
-    rows = {r["question_id"]: r for r in ResultsFile(d / "results.jsonl").read()
-            if r["method"] == "ar" and r.get("score") is not None}
+    rows = {
+        r["question_id"]: r
+        for r in ResultsFile(d / "results.jsonl").read()
+        if r["method"] == "ar" and r.get("score") is not None
+    }
     return rows, json.loads((d / "config.json").read_text())
 
 
@@ -51,18 +54,24 @@ def compare(a_dir: Path, b_dir: Path) -> str:
         lo, hi = wilson(k, n)
         return f"{k}/{n} = {k / n:.2f} ({lo:.2f}-{hi:.2f})"
 
-    return "\n".join([
-        f"{ca['dataset']} ({ca['target']}, ar, greedy, {ca['max_new_tokens']} new tokens, first {n} problems; "
-        f"{hw.get('cpu', '?')}, {' '.join(hw.get('cpu_flags', []))})",
-        "",
-        "| precision | accuracy (95% CI) |",
-        "|---|---:|",
-        f"| {pa} | {acc(ka)} |",
-        f"| {pb} | {acc(kb)} |",
-        "",
-        f"right in {pa} only: {a_only}; right in {pb} only: {b_only}; exact McNemar p = "
-        f"{mcnemar_exact(a_only, b_only):.3f}; outputs identical token for token: {same}/{n}",
-    ] + [f"{p} on all {len(r)} problems it has scored: {alone(r)}" for p, r in ((pa, a), (pb, b)) if len(r) > n]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"{ca['dataset']} ({ca['target']}, ar, greedy, {ca['max_new_tokens']} new tokens, first {n} problems; "
+                f"{hw.get('cpu', '?')}, {' '.join(hw.get('cpu_flags', []))})",
+                "",
+                "| precision | accuracy (95% CI) |",
+                "|---|---:|",
+                f"| {pa} | {acc(ka)} |",
+                f"| {pb} | {acc(kb)} |",
+                "",
+                f"right in {pa} only: {a_only}; right in {pb} only: {b_only}; exact McNemar p = "
+                f"{mcnemar_exact(a_only, b_only):.3f}; outputs identical token for token: {same}/{n}",
+            ]
+            + [f"{p} on all {len(r)} problems it has scored: {alone(r)}" for p, r in ((pa, a), (pb, b)) if len(r) > n]
+        )
+        + "\n"
+    )
 
 
 def main(argv=None) -> int:

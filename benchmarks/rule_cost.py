@@ -68,18 +68,24 @@ def main(argv=None) -> int:
     rules = {
         "exact": lambda: greedy_verify(draft_dev, logits),
         "fly (greedy)": lambda: fly_verify_greedy(draft_dev, logits),
-        "rejection (T=0.7, probs included)": lambda: rejection_verify(draft_dev, None, logits_to_probs(logits, sampling), gen),
+        "rejection (T=0.7, probs included)": lambda: rejection_verify(
+            draft_dev, None, logits_to_probs(logits, sampling), gen
+        ),
         "fly rejection (T=0.7, probs included)": lambda: fly_verify_rejection(
-            draft_dev, None, logits, logits_to_probs(logits, sampling), gen),
+            draft_dev, None, logits, logits_to_probs(logits, sampling), gen
+        ),
     }
-    curve = measure(lm, args.num_draft_tokens + 1, context=args.prompt_tokens, repeats=args.repeat,
-                    sync=lambda: sync(lm.device))
+    curve = measure(
+        lm, args.num_draft_tokens + 1, context=args.prompt_tokens, repeats=args.repeat, sync=lambda: sync(lm.device)
+    )
     one, fwd = curve(1), curve(args.num_draft_tokens + 1)
     print(f"{args.target} ({m.precision.name}, {lm.device}), medians of {args.repeat}:")
     print(f"  prefill of {args.prompt_tokens} tokens: {prefill * 1e3:.0f} ms")
     print(f"  1-token forward after {args.prompt_tokens} cached: {one * 1e3:.1f} ms")
-    print(f"  verify forward over {args.num_draft_tokens + 1} tokens after {args.prompt_tokens} cached: "
-          f"{fwd * 1e3:.1f} ms ({fwd / one:.1f}x the 1-token forward)")
+    print(
+        f"  verify forward over {args.num_draft_tokens + 1} tokens after {args.prompt_tokens} cached: "
+        f"{fwd * 1e3:.1f} ms ({fwd / one:.1f}x the 1-token forward)"
+    )
     print("| rule | ms | share of the verify forward |")
     print("| --- | ---: | ---: |")
     rule_ms = {}
@@ -92,12 +98,19 @@ def main(argv=None) -> int:
 
         from loosespec.fileio import atomic_write_text
 
-        data = {"model": args.target, "precision": m.precision.name, "device": str(lm.device),
-                "prompt_tokens": args.prompt_tokens, "k": args.num_draft_tokens,
-                "prefill_ms": round(prefill * 1e3, 3), "one_token_ms": round(one * 1e3, 4),
-                "verify_ms": round(fwd * 1e3, 4), "verify_over_one": round(fwd / one, 3),
-                "curve_ms": {n: round(curve(n) * 1e3, 4) for n in range(1, args.num_draft_tokens + 2)},
-                "rule_ms": rule_ms}
+        data = {
+            "model": args.target,
+            "precision": m.precision.name,
+            "device": str(lm.device),
+            "prompt_tokens": args.prompt_tokens,
+            "k": args.num_draft_tokens,
+            "prefill_ms": round(prefill * 1e3, 3),
+            "one_token_ms": round(one * 1e3, 4),
+            "verify_ms": round(fwd * 1e3, 4),
+            "verify_over_one": round(fwd / one, 3),
+            "curve_ms": {n: round(curve(n) * 1e3, 4) for n in range(1, args.num_draft_tokens + 2)},
+            "rule_ms": rule_ms,
+        }
         atomic_write_text(args.json, json.dumps(data, indent=1))  # replaced whole: never a torn file
     return 0
 

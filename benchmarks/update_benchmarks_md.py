@@ -69,8 +69,10 @@ def drafts_table(root: Path) -> str:
     """One row per (result directory, method) under ``root``: the directories differ by draft model.
     ``draft units / target token``: draft-model tokens proposed per target token drafted (1 when the
     tokenizers are the same)."""
-    head = ("| set | draft | method | prompts | speedup [95% CI] | tok/s | mean accepted length | acceptance rate "
-            "| draft units / target token | identical to ar | scored right (ar) |")
+    head = (
+        "| set | draft | method | prompts | speedup [95% CI] | tok/s | mean accepted length | acceptance rate "
+        "| draft units / target token | identical to ar | scored right (ar) |"
+    )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for d in sorted(p for p in root.iterdir() if (p / RESULTS).exists()):
         summary, _ = report(d, draw=False, write=False)
@@ -83,12 +85,17 @@ def drafts_table(root: Path) -> str:
             drafted = sum(r.get("drafted_tokens") or 0 for r in mine)
             units = sum(r["stats"].get("draft_units_drafted", r.get("drafted_tokens") or 0) for r in mine)
             ci = s.get("speedup_ci95")
-            right = (f"{round(s['accuracy'] * s['scored'])}/{s['scored']} ({round(s['ar_accuracy'] * s['scored'])})"
-                     if s.get("scored") else "-")
-            lines.append(f"| {d.name.split('-')[0]} | {draft} | {m} | {s['prompts']} | {_f(s['speedup'])}x "
-                         f"[{_f(ci[0]) if ci else '-'}, {_f(ci[1]) if ci else '-'}] | {_f(s['tokens_per_s'])} | "
-                         f"{_f(s['mean_accepted_length'])} | {_f(s['acceptance_rate'])} | "
-                         f"{_f(units / drafted if drafted else None)} | {_f(s['identical_to_ar'])} | {right} |")
+            right = (
+                f"{round(s['accuracy'] * s['scored'])}/{s['scored']} ({round(s['ar_accuracy'] * s['scored'])})"
+                if s.get("scored")
+                else "-"
+            )
+            lines.append(
+                f"| {d.name.split('-')[0]} | {draft} | {m} | {s['prompts']} | {_f(s['speedup'])}x "
+                f"[{_f(ci[0]) if ci else '-'}, {_f(ci[1]) if ci else '-'}] | {_f(s['tokens_per_s'])} | "
+                f"{_f(s['mean_accepted_length'])} | {_f(s['acceptance_rate'])} | "
+                f"{_f(units / drafted if drafted else None)} | {_f(s['identical_to_ar'])} | {right} |"
+            )
     return "\n".join(lines)
 
 

@@ -39,8 +39,13 @@ def main() -> int:
                 return 1
             time.sleep(2)
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": args.prompt}], max_tokens=args.max_tokens,
-        stream=True, stream_options={"include_usage": True}, extra_body={"method": args.method})
+        model=model,
+        messages=[{"role": "user", "content": args.prompt}],
+        max_tokens=args.max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"method": args.method},
+    )
     metrics = usage = None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

@@ -22,8 +22,12 @@ __all__ = ["Engine", "DecodeConfig", "GenerationResult", "LoosespecError", "__ve
 # Imported on first use (PEP 562): the acceptance rules (loosespec.verify) and the vLLM plugin
 # (loosespec.integrations.vllm) need only torch, and run inside vLLM's environment, whose transformers is older than
 # the engine's.
-_LAZY = {"DecodeConfig": "loosespec.config", "Engine": "loosespec.decode.engine", "GenerationResult": "loosespec.decode.engine",
-         "LoosespecError": "loosespec.errors"}
+_LAZY = {
+    "DecodeConfig": "loosespec.config",
+    "Engine": "loosespec.decode.engine",
+    "GenerationResult": "loosespec.decode.engine",
+    "LoosespecError": "loosespec.errors",
+}
 
 
 def __getattr__(name: str):

@@ -58,10 +58,22 @@ FLY_NUM_DRAFT_TOKENS = 15  # FLy's K in the paper and the official code, whateve
 #   --method fly: problems no benchmark reads; results/calibration/fly.md), the fastest setting that kept >= 99% of
 #   ar's accuracy there; tests/eval/test_calibrate_fly.py checks these equal its choice. Recalibrate for your pair.
 FLY_PRESETS = {
-    "calibrated": {"fly_entropy_threshold": 0.9, "fly_window_size": 5, "fly_boundary": "window", "fly_copy_guard": 0,
-                   "num_draft_tokens": 15, "adaptive_draft_length": True},
-    "paper": {"fly_entropy_threshold": 0.3, "fly_window_size": 5, "fly_boundary": "official", "fly_copy_guard": 0,
-              "num_draft_tokens": FLY_NUM_DRAFT_TOKENS, "adaptive_draft_length": False},
+    "calibrated": {
+        "fly_entropy_threshold": 0.9,
+        "fly_window_size": 5,
+        "fly_boundary": "window",
+        "fly_copy_guard": 0,
+        "num_draft_tokens": 15,
+        "adaptive_draft_length": True,
+    },
+    "paper": {
+        "fly_entropy_threshold": 0.3,
+        "fly_window_size": 5,
+        "fly_boundary": "official",
+        "fly_copy_guard": 0,
+        "num_draft_tokens": FLY_NUM_DRAFT_TOKENS,
+        "adaptive_draft_length": False,
+    },
 }
 DEFAULT_FLY_PRESET = "calibrated"
 
@@ -73,8 +85,6 @@ def default_drafter(method: str, has_draft_model: bool) -> str | None:
     if m is not None and not m.speculative:
         return None
     return _default_drafter(has_draft_model)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,13 +106,27 @@ class Knob:
     auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
     lossy: str | None = None  # the lossy method the knob belongs to ("FLy", "SpecGuard"), named in its help text
     check: Any = None  # value -> error text (None: fine), for rules bounds cannot say
-    vllm: bool = False  # a setting of the vLLM plugin too (loosespec.integrations.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
+    vllm: bool = (
+        False  # a setting of the vLLM plugin too (loosespec.integrations.vllm.rule.FlySettings, LOOSESPEC_<NAME>)
+    )
 
 
-def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING,
-         choices: tuple | None = None, flag: str | None = None, request: bool = True, cli: bool = True,
-         escapes: bool = False, auto: bool = False, lossy: str | None = None, vllm: bool = False,
-         check: Any = None, **bounds) -> Any:
+def knob(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    choices: tuple | None = None,
+    flag: str | None = None,
+    request: bool = True,
+    cli: bool = True,
+    escapes: bool = False,
+    auto: bool = False,
+    lossy: str | None = None,
+    vllm: bool = False,
+    check: Any = None,
+    **bounds,
+) -> Any:
     """A :class:`DecodeConfig` field with its :class:`Knob` metadata."""
     meta = {"knob": Knob(help, bounds, choices, flag, request, cli, escapes, auto, lossy, check, vllm)}
     if default_factory is not dataclasses.MISSING:
@@ -119,8 +143,10 @@ class ConfigError(LoosespecError, ValueError):
         super().__init__(self.render())
 
     def render(self, style: str = "field") -> str:
-        names = {f.name: (f"--{f.name.replace('_', '-')}" if style == "cli" else f.name)
-                 for f in dataclasses.fields(DecodeConfig)}
+        names = {
+            f.name: (f"--{f.name.replace('_', '-')}" if style == "cli" else f.name)
+            for f in dataclasses.fields(DecodeConfig)
+        }
         return self.template.format(**names, **{k: v for k, v in self.values.items()})
 
 
@@ -163,14 +189,21 @@ def _describe(errors: list[dict], value) -> str:
     e = errors[0]
     ctx = e.get("ctx") or {}
     kind = e["type"]
-    words = {"greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
-             "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
-             "string_too_short": "must be at least {min_length} character(s) long",
-             "string_too_long": "must be at most {max_length} characters long",
-             "literal_error": "must be one of: {expected}", "int_type": "must be an integer",
-             "int_from_float": "must be an integer", "bool_type": "must be true or false",
-             "float_type": "must be a number", "string_type": "must be a string",
-             "finite_number": "must be a finite number"}
+    words = {
+        "greater_than_equal": "must be >= {ge}",
+        "greater_than": "must be > {gt}",
+        "less_than_equal": "must be <= {le}",
+        "less_than": "must be < {lt}",
+        "string_too_short": "must be at least {min_length} character(s) long",
+        "string_too_long": "must be at most {max_length} characters long",
+        "literal_error": "must be one of: {expected}",
+        "int_type": "must be an integer",
+        "int_from_float": "must be an integer",
+        "bool_type": "must be true or false",
+        "float_type": "must be a number",
+        "string_type": "must be a string",
+        "finite_number": "must be a finite number",
+    }
     if kind in words:
         try:
             text = words[kind].format(**ctx)
@@ -188,8 +221,10 @@ def validate_knob(name: str, value):
     try:
         value = _adapter(name).validate_python(value)
     except ValidationError as e:
-        raise ConfigError(name, "{%s} %s" % (name, _describe(e.errors(include_url=False), value)
-                                             .replace("{", "{{").replace("}", "}}"))) from None
+        raise ConfigError(
+            name,
+            "{%s} %s" % (name, _describe(e.errors(include_url=False), value).replace("{", "{{").replace("}", "}}")),
+        ) from None
     check = KNOBS[name].metadata["knob"].check
     problem = check(value) if check is not None else None
     if problem:
@@ -210,89 +245,196 @@ class DecodeConfig:
     """
 
     method: str = knob("exact", "; ".join(f"{k}: {v}" for k, v in METHODS.items()), choices=tuple(METHODS))
-    drafter: Optional[str] = knob(None, "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items()) + (
-        ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
-        + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items()) + f"; {FLY_NUM_DRAFT_TOKENS} for fly"),
-        choices=tuple(DRAFTERS), auto=True)
-    num_draft_tokens: int = knob(10, "Draft tokens per round (K; the most with the cost-aware draft length).",
-                                 auto=True, ge=1, le=128)
+    drafter: Optional[str] = knob(
+        None,
+        "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items())
+        + (
+            ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
+            + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items())
+            + f"; {FLY_NUM_DRAFT_TOKENS} for fly"
+        ),
+        choices=tuple(DRAFTERS),
+        auto=True,
+    )
+    num_draft_tokens: int = knob(
+        10, "Draft tokens per round (K; the most with the cost-aware draft length).", auto=True, ge=1, le=128
+    )
     max_new_tokens: int = knob(256, "Stop after this many new tokens.", request=False, ge=1)
     temperature: float = knob(0.0, "0 = greedy.", ge=0.0)
-    top_p: float = knob(1.0, "Nucleus sampling: keep the smallest set of tokens with this probability mass.",
-                        gt=0.0, le=1.0)
-    top_k: int = knob(0, "Keep the k most probable tokens; 0 (or -1, vLLM's spelling) disables top-k.", ge=-1,
-                      le=1_000_000)
+    top_p: float = knob(
+        1.0, "Nucleus sampling: keep the smallest set of tokens with this probability mass.", gt=0.0, le=1.0
+    )
+    top_k: int = knob(
+        0, "Keep the k most probable tokens; 0 (or -1, vLLM's spelling) disables top-k.", ge=-1, le=1_000_000
+    )
     seed: int = knob(0, "Seed of every random draw (drafts, sampling).", ge=0, le=2**63 - 1)
     stop: tuple[str, ...] = knob(default_factory=tuple, help="Stop string (repeatable).", request=False)
-    prompt_lookup_max: int = knob(3, "n-gram lookup: the longest suffix n-gram tried first (transformers' name).",
-                                  ge=1, le=64)
+    prompt_lookup_max: int = knob(
+        3, "n-gram lookup: the longest suffix n-gram tried first (transformers' name).", ge=1, le=64
+    )
     prompt_lookup_min: int = knob(1, "n-gram lookup: the shortest suffix n-gram tried.", ge=1, le=64)
-    mla_lookup_tokens: int = knob(6, "MLA: n-gram candidates checked per draft-model forward (FLy's M).", ge=1,
-                                  le=128)
-    draft_confidence_threshold: float = knob(0.3, "model drafter, greedy: stop drafting below this top "
-                                             "probability (not for fly, which drafts the full K as its official "
-                                             "code does).", ge=0.0, le=1.0)
+    mla_lookup_tokens: int = knob(6, "MLA: n-gram candidates checked per draft-model forward (FLy's M).", ge=1, le=128)
+    draft_confidence_threshold: float = knob(
+        0.3,
+        "model drafter, greedy: stop drafting below this top "
+        "probability (not for fly, which drafts the full K as its official "
+        "code does).",
+        ge=0.0,
+        le=1.0,
+    )
     # cost-aware draft length (loosespec.decode.draftlen): each round drafts 0..K tokens, as far as it pays;
     # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
     adaptive_draft_length: bool = knob(
-        True, "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
+        True,
+        "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "
         "the running acceptance say it pays (never slower than ar by its estimate). --fixed-draft-length drafts K "
-        "every round (paper-faithful).", flag="--adaptive-draft-length/--fixed-draft-length")
+        "every round (paper-faithful).",
+        flag="--adaptive-draft-length/--fixed-draft-length",
+    )
     # FLy (method "fly"); names and meanings as in vLLM's native FLy. Unset (None), the preset fills them
-    fly_preset: str = knob(DEFAULT_FLY_PRESET, "the parameter set the other fly_* knobs (and, for method fly, K and "
-                           "the draft length policy) take when not given: calibrated (chosen for the embedded "
-                           "Qwen2.5-Coder pair by `loosespec calibrate --method fly`, results/calibration/fly.md) | "
-                           "paper (the published theta 0.3, the official code's window and boundary, K = 15 drafted "
-                           "every round).", lossy="FLy", choices=tuple(FLY_PRESETS))
+    fly_preset: str = knob(
+        DEFAULT_FLY_PRESET,
+        "the parameter set the other fly_* knobs (and, for method fly, K and "
+        "the draft length policy) take when not given: calibrated (chosen for the embedded "
+        "Qwen2.5-Coder pair by `loosespec calibrate --method fly`, results/calibration/fly.md) | "
+        "paper (the published theta 0.3, the official code's window and boundary, K = 15 drafted "
+        "every round).",
+        lossy="FLy",
+        choices=tuple(FLY_PRESETS),
+    )
     fly_window_size: Optional[int] = knob(
-        None, "deferred window W: how many positions AFTER a mismatch must match for it to be kept (vLLM's "
+        None,
+        "deferred window W: how many positions AFTER a mismatch must match for it to be kept (vLLM's "
         "meaning; the official code's W = 6 counts the mismatch itself and is 5 here); must be below K; "
-        + _preset_help("fly_window_size") + ", at most K - 1.", lossy="FLy", vllm=True, auto=True, ge=0, le=1024)
+        + _preset_help("fly_window_size")
+        + ", at most K - 1.",
+        lossy="FLy",
+        vllm=True,
+        auto=True,
+        ge=0,
+        le=1024,
+    )
     fly_entropy_threshold: Optional[float] = knob(
-        None, "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no mismatch is ever deferred; (0, "
+        None,
+        "entropy gate theta in nats; 0 disables the gate, above ln(top-k) no mismatch is ever deferred; (0, "
         "0.01] is refused (the official code treats it as 0); " + _preset_help("fly_entropy_threshold") + ".",
-        lossy="FLy", vllm=True, auto=True, check=fly_theta_problem, ge=0.0)
+        lossy="FLy",
+        vllm=True,
+        auto=True,
+        check=fly_theta_problem,
+        ge=0.0,
+    )
     fly_boundary: Optional[str] = knob(
-        None, "where a mismatch may be deferred: window (its window fits in the draft, j + W < k: vLLM's native "
+        None,
+        "where a mismatch may be deferred: window (its window fits in the draft, j + W < k: vLLM's native "
         "FLy) | official (one position stricter, j <= K - W - 2: the official code); "
-        + _preset_help("fly_boundary") + ".", lossy="FLy", vllm=True, auto=True, choices=FLY_BOUNDARIES)
-    fly_entropy_top_k: int = knob(3, "entropy over the target's top-k probabilities (of the full softmax, not "
-                                  "renormalised, as the official code).", lossy="FLy", vllm=True, ge=1, le=1024)
-    fly_sampling: str = knob("two-sample", "at temperature > 0: two-sample (official code, greedy draft) | "
-                             "rejection (loose rule on rejection sampling).", lossy="FLy", vllm=True,
-                             choices=FLY_SAMPLING)
+        + _preset_help("fly_boundary")
+        + ".",
+        lossy="FLy",
+        vllm=True,
+        auto=True,
+        choices=FLY_BOUNDARIES,
+    )
+    fly_entropy_top_k: int = knob(
+        3,
+        "entropy over the target's top-k probabilities (of the full softmax, not renormalised, as the official code).",
+        lossy="FLy",
+        vllm=True,
+        ge=1,
+        le=1024,
+    )
+    fly_sampling: str = knob(
+        "two-sample",
+        "at temperature > 0: two-sample (official code, greedy draft) | rejection (loose rule on rejection sampling).",
+        lossy="FLy",
+        vllm=True,
+        choices=FLY_SAMPLING,
+    )
     fly_copy_guard: Optional[int] = knob(
-        None, "copy guard, a LOSSY variant not in the paper (0 = off, FLy as published): do not defer a mismatch when "
+        None,
+        "copy guard, a LOSSY variant not in the paper (0 = off, FLy as published): do not defer a mismatch when "
         "the draft's tokens from it on, this many, copy an n-gram of the prompt (answers that became copies of the "
-        "question, issue 20); " + _preset_help("fly_copy_guard") + ".", lossy="FLy", auto=True, ge=0, le=64)
+        "question, issue 20); " + _preset_help("fly_copy_guard") + ".",
+        lossy="FLy",
+        auto=True,
+        ge=0,
+        le=64,
+    )
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
     sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
-    sg_temperature: float = knob(0.7, "sampling temperature of the other candidates (> 0: the first candidate is "
-                                 "always greedy).", lossy="SpecGuard", gt=0.0, le=100.0)
-    sg_beta: float = knob(DEFAULT_SG_BETA, "score = beta * confidence + (1 - beta) * grounding (default "
-                          "calibrated with tau).", lossy="SpecGuard", ge=0.0, le=1.0)
-    sg_select: str = knob("embedding", "how the most consistent candidate is chosen (the medoid by cosine): "
-                          "embedding (of the candidates' text, --sg-embedder) | attention (of where each candidate's "
-                          "tokens attend in the context, the seed's description; one more draft forward per "
-                          "candidate).", lossy="SpecGuard", choices=SG_SELECT)
-    sg_confidence: str = knob(DEFAULT_SG_CONFIDENCE, "confidence C of a step from its tokens' draft log-probs: "
-                              "mean (exp of the mean, the seed's description; the default, calibrated with tau) | "
-                              "min (exp of the weakest token's).", lossy="SpecGuard", choices=SG_CONFIDENCE)
-    sg_tau: float = knob(DEFAULT_SG_TAU, "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
-                         "default calibrated on GSM8K, see README).", lossy="SpecGuard", ge=0.0)
-    sg_delimiter: str = knob("\n\n", "text that ends a step; backslash escapes such as \\n are interpreted.",
-                             lossy="SpecGuard", escapes=True, min_length=1, max_length=64)
-    sg_embedder: str = knob("draft", "draft (mean-pooled draft hidden states) | sentence-transformer "
-                            "(all-MiniLM-L6-v2, pip install 'loosespec[sentence-transformer]').", lossy="SpecGuard",
-                            choices=SG_EMBEDDERS)
-    sg_on_reject: str = knob("draft-assisted", "on a rejected step, draft-assisted (the target verifies the "
-                             "candidate, then continues with --drafter) | regenerate (the target writes the step "
-                             "alone, as in the paper).", lossy="SpecGuard", choices=SG_ON_REJECT)
-    sg_verify: str = knob("exact", "draft-assisted: exact | fly rule for verifying the rejected candidate.",
-                          lossy="SpecGuard", choices=SG_VERIFY)
+    sg_temperature: float = knob(
+        0.7,
+        "sampling temperature of the other candidates (> 0: the first candidate is always greedy).",
+        lossy="SpecGuard",
+        gt=0.0,
+        le=100.0,
+    )
+    sg_beta: float = knob(
+        DEFAULT_SG_BETA,
+        "score = beta * confidence + (1 - beta) * grounding (default calibrated with tau).",
+        lossy="SpecGuard",
+        ge=0.0,
+        le=1.0,
+    )
+    sg_select: str = knob(
+        "embedding",
+        "how the most consistent candidate is chosen (the medoid by cosine): "
+        "embedding (of the candidates' text, --sg-embedder) | attention (of where each candidate's "
+        "tokens attend in the context, the seed's description; one more draft forward per "
+        "candidate).",
+        lossy="SpecGuard",
+        choices=SG_SELECT,
+    )
+    sg_confidence: str = knob(
+        DEFAULT_SG_CONFIDENCE,
+        "confidence C of a step from its tokens' draft log-probs: "
+        "mean (exp of the mean, the seed's description; the default, calibrated with tau) | "
+        "min (exp of the weakest token's).",
+        lossy="SpecGuard",
+        choices=SG_CONFIDENCE,
+    )
+    sg_tau: float = knob(
+        DEFAULT_SG_TAU,
+        "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
+        "default calibrated on GSM8K, see README).",
+        lossy="SpecGuard",
+        ge=0.0,
+    )
+    sg_delimiter: str = knob(
+        "\n\n",
+        "text that ends a step; backslash escapes such as \\n are interpreted.",
+        lossy="SpecGuard",
+        escapes=True,
+        min_length=1,
+        max_length=64,
+    )
+    sg_embedder: str = knob(
+        "draft",
+        "draft (mean-pooled draft hidden states) | sentence-transformer "
+        "(all-MiniLM-L6-v2, pip install 'loosespec[sentence-transformer]').",
+        lossy="SpecGuard",
+        choices=SG_EMBEDDERS,
+    )
+    sg_on_reject: str = knob(
+        "draft-assisted",
+        "on a rejected step, draft-assisted (the target verifies the "
+        "candidate, then continues with --drafter) | regenerate (the target writes the step "
+        "alone, as in the paper).",
+        lossy="SpecGuard",
+        choices=SG_ON_REJECT,
+    )
+    sg_verify: str = knob(
+        "exact",
+        "draft-assisted: exact | fly rule for verifying the rejected candidate.",
+        lossy="SpecGuard",
+        choices=SG_VERIFY,
+    )
     sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
-    sg_batch_candidates: bool = knob(True, "draft the candidates as one batch (one draft forward per position for "
-                                     "all); off: one after another.", lossy="SpecGuard")
+    sg_batch_candidates: bool = knob(
+        True,
+        "draft the candidates as one batch (one draft forward per position for all); off: one after another.",
+        lossy="SpecGuard",
+    )
 
     @property
     def lossy(self) -> bool:
@@ -330,25 +472,47 @@ class DecodeConfig:
         method = _REGISTRY[self.method]
         if not method.speculative:
             if self.drafter is not None:
-                raise ConfigError("drafter", "method '{m}' uses no drafter; drop {drafter} or pick a speculative "
-                                  "method", m=self.method)
+                raise ConfigError(
+                    "drafter",
+                    "method '{m}' uses no drafter; drop {drafter} or pick a speculative method",
+                    m=self.method,
+                )
         elif self.drafter is None:
-            raise ConfigError("drafter", "method '{m}' needs a drafter; choose one of: {d}", m=self.method,
-                              d=", ".join(DRAFTERS))
+            raise ConfigError(
+                "drafter", "method '{m}' needs a drafter; choose one of: {d}", m=self.method, d=", ".join(DRAFTERS)
+            )
         if method.greedy_only and self.temperature != 0.0:
-            raise ConfigError("temperature", "method '{m}' is greedy ({temperature} 0); use {method} rejection "
-                              "to sample", m=self.method)
+            raise ConfigError(
+                "temperature",
+                "method '{m}' is greedy ({temperature} 0); use {method} rejection to sample",
+                m=self.method,
+            )
         if method.loose_window and self.fly_window_size >= self.num_draft_tokens:
-            raise ConfigError("fly_window_size", "FLy defers a mismatch only when the {fly_window_size} positions "
-                              "after it fit in the draft: need {fly_window_size} < {num_draft_tokens} (as vLLM), got "
-                              "{w} and {k}", w=self.fly_window_size, k=self.num_draft_tokens)
+            raise ConfigError(
+                "fly_window_size",
+                "FLy defers a mismatch only when the {fly_window_size} positions "
+                "after it fit in the draft: need {fly_window_size} < {num_draft_tokens} (as vLLM), got "
+                "{w} and {k}",
+                w=self.fly_window_size,
+                k=self.num_draft_tokens,
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ConfigError("prompt_lookup_min", "need {prompt_lookup_min} <= {prompt_lookup_max}, got {a} and {b}",
-                              a=self.prompt_lookup_min, b=self.prompt_lookup_max)
+            raise ConfigError(
+                "prompt_lookup_min",
+                "need {prompt_lookup_min} <= {prompt_lookup_max}, got {a} and {b}",
+                a=self.prompt_lookup_min,
+                b=self.prompt_lookup_max,
+            )
 
     @classmethod
-    def create(cls, method: str = "exact", drafter: str | None = None, num_draft_tokens: int | None = None,
-               has_draft_model: bool = False, **kw) -> "DecodeConfig":
+    def create(
+        cls,
+        method: str = "exact",
+        drafter: str | None = None,
+        num_draft_tokens: int | None = None,
+        has_draft_model: bool = False,
+        **kw,
+    ) -> "DecodeConfig":
         """Build a config, filling the drafter and draft length defaults the way the CLI does."""
         if drafter is None:
             drafter = default_drafter(method, has_draft_model)

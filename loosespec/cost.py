@@ -70,9 +70,17 @@ def points(max_n: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure(lm, max_n: int, *, context: int = CONTEXT, repeats: int = REPEATS, vocab: int | None = None,
-            timer: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None,
-            progress: Callable[[str], None] | None = None) -> CostCurve:
+def measure(
+    lm,
+    max_n: int,
+    *,
+    context: int = CONTEXT,
+    repeats: int = REPEATS,
+    vocab: int | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] = lambda: None,
+    progress: Callable[[str], None] | None = None,
+) -> CostCurve:
     """Time ``lm`` (a :class:`~loosespec.decode.kv.CachedLM`) over ``n = 1 .. max_n`` new tokens.
 
     The tokens are fixed pseudo-random ids (the cost of a forward does not depend on which ids),
@@ -124,12 +132,25 @@ def model_identity(loaded, device: torch.device) -> dict:
     from loosespec.hardware import describe_device
 
     precision = loaded.precision.name if loaded.precision is not None else str(next(loaded.model.parameters()).dtype)
-    return {"model": loaded.source.spec, "revision": loaded.source.revision, "precision": precision,
-            **describe_device(device), "torch": torch.__version__}
+    return {
+        "model": loaded.source.spec,
+        "revision": loaded.source.revision,
+        "precision": precision,
+        **describe_device(device),
+        "torch": torch.__version__,
+    }
 
 
-def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, refresh: bool = False,
-               progress: Callable[[str], None] | None = None, **measure_kw) -> CostCurve:
+def cost_curve(
+    loaded,
+    lm,
+    max_n: int = 16,
+    *,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **measure_kw,
+) -> CostCurve:
     """The cached curve of ``loaded`` covering ``1 .. max_n``, measured now if there is none."""
     from loosespec.models import cache_root
 
@@ -143,13 +164,18 @@ def cost_curve(loaded, lm, max_n: int = 16, *, cache_dir: Path | None = None, re
         except (ValueError, KeyError, TypeError):  # a torn or older file: measure again
             pass
     if progress:
-        progress(f"measuring forward cost of {loaded.source.spec} ({identity['precision']}, {identity['device']}), "
-                 f"once for this machine ...")
+        progress(
+            f"measuring forward cost of {loaded.source.spec} ({identity['precision']}, {identity['device']}), "
+            f"once for this machine ..."
+        )
     from loosespec.hardware import sync
 
     curve = measure(lm, max_n, sync=lambda: sync(lm.device), progress=progress, **measure_kw)
-    curve = CostCurve(curve.ns, curve.seconds, {**identity, "context": measure_kw.get("context", CONTEXT),
-                                                "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    curve = CostCurve(
+        curve.ns,
+        curve.seconds,
+        {**identity, "context": measure_kw.get("context", CONTEXT), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     from loosespec.fileio import atomic_write_text
 

@@ -129,8 +129,13 @@ def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
 def describe_device(device: torch.device, cpu: CpuInfo | None = None) -> dict:
     """What a timing ran on: the CPU model and flags of note, and the GPU when there is one."""
     cpu = cpu or cpu_info()
-    out = {"device": str(device), "cpu": cpu.model, "cpu_flags": cpu.flags_of_note(), "arch": cpu.arch,
-           "threads": torch.get_num_threads()}
+    out = {
+        "device": str(device),
+        "cpu": cpu.model,
+        "cpu_flags": cpu.flags_of_note(),
+        "arch": cpu.arch,
+        "threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
@@ -144,10 +149,17 @@ def _gpu_name(device: torch.device) -> str:
         return str(device)
 
 
-def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch.device | str = "cpu",
-                      cpu: CpuInfo | None = None, cuda_bf16: bool | None = None,
-                      engine: str | None | bool = False, gguf: bool = False, llamacpp: bool | None = None,
-                      role: str = "target") -> Precision:
+def resolve_precision(
+    dtype: str = "auto",
+    quantize: str = "auto",
+    device: torch.device | str = "cpu",
+    cpu: CpuInfo | None = None,
+    cuda_bf16: bool | None = None,
+    engine: str | None | bool = False,
+    gguf: bool = False,
+    llamacpp: bool | None = None,
+    role: str = "target",
+) -> Precision:
     """The precision ``--dtype``/``--quantize`` ask for on this device, with the reason.
 
     ``gguf``: the model has a GGUF file (an embedded model or a ``.gguf`` path), which llama.cpp can run in its own
@@ -172,61 +184,89 @@ def resolve_precision(dtype: str = "auto", quantize: str = "auto", device: torch
         llamacpp = importlib.util.find_spec("llama_cpp") is not None
     if quantize == "int4":
         if device.type != "cpu":
-            raise LoosespecError(f"--quantize int4 runs the GGUF weights in llama.cpp on the CPU; on {device.type} use "
-                                 "--quantize none")
+            raise LoosespecError(
+                f"--quantize int4 runs the GGUF weights in llama.cpp on the CPU; on {device.type} use --quantize none"
+            )
         if dtype not in ("auto", "float32"):
-            raise LoosespecError(f"--quantize int4 runs in llama.cpp, which returns float32 logits; --dtype {dtype} "
-                                 "cannot go with it (use --dtype auto or float32)")
+            raise LoosespecError(
+                f"--quantize int4 runs in llama.cpp, which returns float32 logits; --dtype {dtype} "
+                "cannot go with it (use --dtype auto or float32)"
+            )
         if not gguf:
-            raise LoosespecError("--quantize int4 runs a GGUF file in llama.cpp: use an embedded model or a .gguf "
-                                 "file, or --quantize int8")
+            raise LoosespecError(
+                "--quantize int4 runs a GGUF file in llama.cpp: use an embedded model or a .gguf "
+                "file, or --quantize int8"
+            )
         if not llamacpp:
-            raise LoosespecError("--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
-                                 "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'")
+            raise LoosespecError(
+                "--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
+                "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'"
+            )
         return Precision("float32", "int4", "int4 asked for (--quantize int4): the GGUF's own weights in llama.cpp")
     if quantize == "int8":
         if device.type != "cpu":
-            raise LoosespecError(f"--quantize int8 runs on the CPU only (torch's {engine or 'fbgemm'} kernels); "
-                                 f"on {device.type} use --quantize none")
+            raise LoosespecError(
+                f"--quantize int8 runs on the CPU only (torch's {engine or 'fbgemm'} kernels); "
+                f"on {device.type} use --quantize none"
+            )
         if engine is None:
-            raise LoosespecError("--quantize int8 needs torch's x86/fbgemm quantized engine, which this torch "
-                                 "build lacks; use --quantize none")
+            raise LoosespecError(
+                "--quantize int8 needs torch's x86/fbgemm quantized engine, which this torch "
+                "build lacks; use --quantize none"
+            )
         if dtype not in ("auto", "float32"):
-            raise LoosespecError(f"--quantize int8 computes the unquantized parts in float32; --dtype {dtype} "
-                                 "cannot go with it (use --dtype auto or float32)")
+            raise LoosespecError(
+                f"--quantize int8 computes the unquantized parts in float32; --dtype {dtype} "
+                "cannot go with it (use --dtype auto or float32)"
+            )
         return Precision("float32", "int8", "int8 asked for (--quantize int8)")
     if device.type == "cuda" and cuda_bf16 is None and dtype in ("auto", "bfloat16"):
         cuda_bf16 = cuda_bf16_native(device)
     if dtype == "bfloat16" and device.type == "cuda" and not cuda_bf16:
-        raise LoosespecError(f"--dtype bfloat16 on {_gpu_name(device)}: this GPU (before Ampere, compute capability "
-                             "< 8.0) has no bfloat16 arithmetic; use --dtype auto (float16) or float32")
+        raise LoosespecError(
+            f"--dtype bfloat16 on {_gpu_name(device)}: this GPU (before Ampere, compute capability "
+            "< 8.0) has no bfloat16 arithmetic; use --dtype auto (float16) or float32"
+        )
     if dtype != "auto":
         return Precision(dtype, "none", f"--dtype {dtype} asked for")
     if device.type == "cuda":
         if cuda_bf16:
             return Precision("bfloat16", "none", "CUDA device with bfloat16 support")
-        return Precision("float16", "none", "CUDA device without native bfloat16 (pre-Ampere, compute capability "
-                         "< 8.0); float16, whose overflow to NaN loosespec reports as an error")
+        return Precision(
+            "float16",
+            "none",
+            "CUDA device without native bfloat16 (pre-Ampere, compute capability "
+            "< 8.0); float16, whose overflow to NaN loosespec reports as an error",
+        )
     if device.type == "mps":
         return Precision("float16", "none", "Apple MPS device")
     if quantize == "auto" and role == "draft" and gguf and llamacpp:
-        return Precision("float32", "int4",
-                         "a draft with a GGUF file and llama.cpp installed: a draft only proposes, llama.cpp's 4-bit "
-                         "forward reads the fewest bytes per token (benchmarks/forward_cost.py measures it against "
-                         "int8), and its rounding cannot change what the target accepts")
+        return Precision(
+            "float32",
+            "int4",
+            "a draft with a GGUF file and llama.cpp installed: a draft only proposes, llama.cpp's 4-bit "
+            "forward reads the fewest bytes per token (benchmarks/forward_cost.py measures it against "
+            "int8), and its rounding cannot change what the target accepts",
+        )
     cpu = cpu or cpu_info()
     if quantize == "auto" and engine is not None:
         if cpu.bf16:
             flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
-            return Precision("float32", "int8",
-                             f"int8 weights with per-token int8 activations, although this CPU has bfloat16 arithmetic "
-                             f"({flags}): bfloat16's matmuls round a row differently alone and inside a verify batch, "
-                             "so lossless methods would leave ar, and a 1-token forward reads twice int8's bytes "
-                             "(benchmarks/forward_cost.py measures both; --dtype bfloat16 asks for it)")
-        return Precision("float32", "int8",
-                         "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): bf16 is emulated there and a "
-                         "verify forward costs many 1-token forwards; int8 weights with per-token int8 activations "
-                         "keep it cheap (loosespec models cost measures it)")
+            return Precision(
+                "float32",
+                "int8",
+                f"int8 weights with per-token int8 activations, although this CPU has bfloat16 arithmetic "
+                f"({flags}): bfloat16's matmuls round a row differently alone and inside a verify batch, "
+                "so lossless methods would leave ar, and a 1-token forward reads twice int8's bytes "
+                "(benchmarks/forward_cost.py measures both; --dtype bfloat16 asks for it)",
+            )
+        return Precision(
+            "float32",
+            "int8",
+            "CPU has no bfloat16 arithmetic (no amx_bf16/avx512_bf16): bf16 is emulated there and a "
+            "verify forward costs many 1-token forwards; int8 weights with per-token int8 activations "
+            "keep it cheap (loosespec models cost measures it)",
+        )
     if cpu.bf16:
         flags = "/".join(f for f in BF16_FLAGS if f in cpu.flags)
         why = "--quantize none" if quantize == "none" else "no int8 engine in this torch"

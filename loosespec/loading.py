@@ -20,25 +20,35 @@ from typing import Any, Optional
 from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN
 from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-DTYPE_HELP = ("auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere); on x86 CPUs "
-              "float32 with int8 Linear layers (see --quantize), also where amx_bf16/avx512_bf16 would allow "
-              "bfloat16, whose batched matmuls leave lossless methods unequal to ar")
-QUANTIZE_HELP = ("auto | none | int8 | int4. int8: Linear layers in int8 (weights per channel, activations per "
-                 "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
-                 "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
-                 "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
-                 "methods are not token-identical to ar in it; auto: int8 on a CPU with torch's int8 engine "
-                 "when --dtype is auto (never int4 for a target; see --draft-quantize)")
-DRAFT_QUANTIZE_HELP = ("auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
-                       "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "
-                       "installed (a draft only proposes: its rounding cannot change what the target accepts), "
-                       "else as the target")
-CACHE_HELP = ("dynamic | static (transformers' cache_implementation). static: the KV cache preallocated at "
-              "--max-cache-len positions, rolled back in place (full-attention models; not specguard); needed by "
-              "--compile")
-COMPILE_HELP = ("torch.compile the draft steps and verifies on the static cache, padded to fixed lengths (CUDA "
-                "graphs on a GPU). Off by default: compiling costs minutes on a CPU, and GPUs are yet to be measured "
-                "(docs/gpu.md)")
+DTYPE_HELP = (
+    "auto | bfloat16 | float16 | float32. auto: bfloat16 on CUDA (float16 before Ampere); on x86 CPUs "
+    "float32 with int8 Linear layers (see --quantize), also where amx_bf16/avx512_bf16 would allow "
+    "bfloat16, whose batched matmuls leave lossless methods unequal to ar"
+)
+QUANTIZE_HELP = (
+    "auto | none | int8 | int4. int8: Linear layers in int8 (weights per channel, activations per "
+    "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
+    "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
+    "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
+    "methods are not token-identical to ar in it; auto: int8 on a CPU with torch's int8 engine "
+    "when --dtype is auto (never int4 for a target; see --draft-quantize)"
+)
+DRAFT_QUANTIZE_HELP = (
+    "auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
+    "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "
+    "installed (a draft only proposes: its rounding cannot change what the target accepts), "
+    "else as the target"
+)
+CACHE_HELP = (
+    "dynamic | static (transformers' cache_implementation). static: the KV cache preallocated at "
+    "--max-cache-len positions, rolled back in place (full-attention models; not specguard); needed by "
+    "--compile"
+)
+COMPILE_HELP = (
+    "torch.compile the draft steps and verifies on the static cache, padded to fixed lengths (CUDA "
+    "graphs on a GPU). Off by default: compiling costs minutes on a CPU, and GPUs are yet to be measured "
+    "(docs/gpu.md)"
+)
 MAX_CACHE_HELP = "Positions of the static cache: at least prompt + new tokens + 32 (--cache-implementation static)."
 
 
@@ -66,12 +76,17 @@ class LoadConfig:
     """
 
     target: str = load_option(DEFAULT_TARGET, "Target model: embedded name, HF id, local dir or .gguf file.")
-    draft: Optional[str] = load_option("auto", f"Draft model (same forms as --target), or 'none'. 'auto': "
-                                       f"{DEFAULT_DRAFT} for the default target, none for other targets.")
+    draft: Optional[str] = load_option(
+        "auto",
+        f"Draft model (same forms as --target), or 'none'. 'auto': "
+        f"{DEFAULT_DRAFT} for the default target, none for other targets.",
+    )
     revision: Optional[str] = load_option(
-        None, "Hugging Face Hub revision (branch, tag or commit) of a --target given as a Hub id; its commit is "
+        None,
+        "Hugging Face Hub revision (branch, tag or commit) of a --target given as a Hub id; its commit is "
         "recorded. Hub weights load as safetensors only. An error for an embedded model (pinned by sha256), a .gguf "
-        "file or a local directory.")
+        "file or a local directory.",
+    )
     draft_revision: Optional[str] = load_option(None, "--revision for a --draft given as a Hub id.")
     dtype: str = load_option("auto", DTYPE_HELP)
     quantize: str = load_option("auto", QUANTIZE_HELP)

@@ -54,8 +54,9 @@ def fly_rule(cfg, sampling: SamplingParams, generator, prompt_ids=None) -> Rule:
         if prompt_ids is None:
             raise ValueError("FLy's copy guard (fly_copy_guard) compares drafts with the prompt: pass prompt_ids")
         guard = PromptCopyGuard(prompt_ids, cfg.fly_copy_guard)
-    params = FlyParams(cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k, cfg.num_draft_tokens,
-                       cfg.fly_boundary)
+    params = FlyParams(
+        cfg.fly_entropy_threshold, cfg.fly_window_size, cfg.fly_entropy_top_k, cfg.num_draft_tokens, cfg.fly_boundary
+    )
     return FlyRule(params, cfg.fly_sampling, sampling, generator, guard)
 
 
@@ -134,21 +135,54 @@ class Method:
         return self.reads_draft_probs(cfg, sampling)
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("ar", "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
-           lossy=False, rule=lossless_rule, speculative=False),
-    Method("exact", "greedy speculative decoding, exact-match verification (lossless)", lossy=False,
-           rule=lossless_rule, greedy_only=True),
-    Method("rejection", "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
-           lossy=False, rule=lossless_rule, reads_draft_probs=when_sampling),
-    Method("fly", "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
-           "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
-           lossy=True, rule=fly_rule, counters=ALL_FLY_COUNTERS, full_drafts=True, loose_window=True,
-           draft_sampling=fly_draft_sampling, reads_draft_probs=fly_draft_probs),
-    Method("specguard", "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
-           "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
-           "from the target's", lossy=True, rule=specguard_rule, counters=ALL_FLY_COUNTERS, step_level=True),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "ar",
+            "autoregressive: the target alone, one token per forward (lossless; the speedup baseline)",
+            lossy=False,
+            rule=lossless_rule,
+            speculative=False,
+        ),
+        Method(
+            "exact",
+            "greedy speculative decoding, exact-match verification (lossless)",
+            lossy=False,
+            rule=lossless_rule,
+            greedy_only=True,
+        ),
+        Method(
+            "rejection",
+            "speculative sampling, Leviathan/Chen rejection rule (lossless in distribution)",
+            lossy=False,
+            rule=lossless_rule,
+            reads_draft_probs=when_sampling,
+        ),
+        Method(
+            "fly",
+            "FLy loose verification: a mismatch is kept where the target is uncertain (entropy gate) and the "
+            "draft matches for the next tokens (deferred window). LOSSY: output differs from the target's",
+            lossy=True,
+            rule=fly_rule,
+            counters=ALL_FLY_COUNTERS,
+            full_drafts=True,
+            loose_window=True,
+            draft_sampling=fly_draft_sampling,
+            reads_draft_probs=fly_draft_probs,
+        ),
+        Method(
+            "specguard",
+            "SpecGuard step-level verification: the draft writes whole reasoning steps, accepted when "
+            "its attention grounding and confidence agree, else the target writes the step. LOSSY: output differs "
+            "from the target's",
+            lossy=True,
+            rule=specguard_rule,
+            counters=ALL_FLY_COUNTERS,
+            step_level=True,
+        ),
+    )
+}
 LOSSY_METHODS = frozenset(m.name for m in METHODS.values() if m.lossy)
 # the method every other is measured against: the one that does not speculate (the bench's first row)
 BASELINE: str = next(m.name for m in METHODS.values() if not m.speculative)

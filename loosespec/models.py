@@ -34,9 +34,25 @@ from loosespec.weights.store import LOCK, cache_root, locked
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "DTYPES", "EMBEDDED", "LoadedModel", "ModelSource", "cache_root",
-           "check_revision", "gguf_path", "has_gguf", "list_models", "load", "pick_device", "pull", "resolve",
-           "same_tokenizer", "spec_kind"]
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "DTYPES",
+    "EMBEDDED",
+    "LoadedModel",
+    "ModelSource",
+    "cache_root",
+    "check_revision",
+    "gguf_path",
+    "has_gguf",
+    "list_models",
+    "load",
+    "pick_device",
+    "pull",
+    "resolve",
+    "same_tokenizer",
+    "spec_kind",
+]
 
 
 @dataclass(frozen=True)
@@ -91,8 +107,11 @@ def check_revision(spec: str, revision: str | None, flag: str = "--revision") ->
         raise LoosespecError(f"{flag} must not be empty")
     kind = spec_kind(spec)
     if kind != "hub":
-        what = {"embedded": "an embedded model, pinned by the sha256 of its GGUF", "gguf": "a .gguf file",
-                "local": "a local directory"}.get(kind, "a path")
+        what = {
+            "embedded": "an embedded model, pinned by the sha256 of its GGUF",
+            "gguf": "a .gguf file",
+            "local": "a local directory",
+        }.get(kind, "a path")
         raise LoosespecError(f"{flag} applies to Hugging Face Hub ids only; '{spec}' is {what}")
 
 
@@ -219,8 +238,15 @@ def _no_hub_conversion():
             os.environ[key] = old
 
 
-def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = True,
-         quantize: str = "auto", role: str = "target", revision: str | None = None) -> LoadedModel:
+def load(
+    spec: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    progress: bool = True,
+    quantize: str = "auto",
+    role: str = "target",
+    revision: str | None = None,
+) -> LoadedModel:
     """Load a causal LM and its tokenizer from any spec ``resolve`` accepts, in eval mode.
 
     ``dtype``/``quantize``: ``auto`` picks the precision from the hardware
@@ -264,7 +290,8 @@ def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = 
                 f"'{spec}'{at} has no safetensors weights{where}, and loosespec loads Hub weights as safetensors "
                 "only (a PyTorch .bin file is a pickle, which can run code when loaded): convert it once yourself "
                 "(transformers' from_pretrained(..., use_safetensors=False), then save_pretrained(DIR) for the "
-                "model and its tokenizer) and pass DIR as the model") from e
+                "model and its tokenizer) and pass DIR as the model"
+            ) from e
         known = ", ".join(EMBEDDED)
         raise LoosespecError(
             f"cannot load model '{spec}': not an embedded model ({known}), a .gguf file or a local "
@@ -277,15 +304,20 @@ def load(spec: str, dtype: str = "auto", device: str = "auto", progress: bool = 
         commit = commit or _hub_commit(spec, revision, True) or ""  # now in the local cache, if not resolved before
         src = ModelSource(src.spec, src.kind, src.path, commit, revision)
         if progress and revision is None and commit:
-            log.info(f"loosespec: {spec} loaded at commit {commit} (no --revision given: pass --revision {commit} "
-                     "to load exactly these weights again)")
+            log.info(
+                f"loosespec: {spec} loaded at commit {commit} (no --revision given: pass --revision {commit} "
+                "to load exactly these weights again)"
+            )
     if precision.quantize == "int8":
         from loosespec.quant import cache_file, quantize_model
 
         key = f"{src.kind}|{src.path}|{src.revision}"
         if src.kind == "local":  # a directory can change under the same path: its weight files are the key
-            key += "|" + ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
-                                  for f in sorted(Path(src.path).glob("*")) if f.suffix in (".safetensors", ".bin"))
+            key += "|" + ";".join(
+                f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+                for f in sorted(Path(src.path).glob("*"))
+                if f.suffix in (".safetensors", ".bin")
+            )
         cache = cache_file(cache_root() / "int8", key)
         if progress and cache is not None and not cache.exists():
             log.info(f"quantizing {spec} to int8 (once; cached) ...")
@@ -327,4 +359,3 @@ def _load_gguf(spec: str, src: ModelSource, precision: Precision, progress: bool
 def same_tokenizer(a, b) -> bool:
     """True when two tokenizers map every string to the same ids (same vocabulary and merges)."""
     return a.get_vocab() == b.get_vocab()
-

@@ -70,8 +70,9 @@ class RowwiseInt8Linear(nn.Module):
         _quiet()
         self.out_features, self.in_features = qweight.shape
         padded = torch.cat([qweight, torch.zeros(self.out_features, PAD, dtype=torch.int8)], dim=1)
-        qt = torch._make_per_channel_quantized_tensor(padded, scale.double(),
-                                                      torch.zeros(self.out_features, dtype=torch.long), 0)
+        qt = torch._make_per_channel_quantized_tensor(
+            padded, scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0
+        )
         self._packed = torch.ops.quantized.linear_prepack(qt, None)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
         self.register_buffer("_pad", torch.tensor([-1.0, 1.0]), persistent=False)
@@ -110,8 +111,9 @@ def plain_causal(attention_mask: torch.Tensor | None, n: int, total: int) -> boo
     return allowed.shape[-2:] == causal.shape and bool((allowed == causal).all())
 
 
-def rowwise_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                      is_causal=None, **kwargs):
+def rowwise_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """transformers attention function: each of up to ``ROWWISE_MAX_QUERIES`` queries computed alone.
 
     query [B, H, n, D], key/value [B, Hkv, L, D] (cache included), the n queries being the last n
@@ -121,10 +123,16 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     n = query.shape[2]
-    if (n > ROWWISE_MAX_QUERIES or kwargs.get("sliding_window") or kwargs.get("softcap") is not None
-            or kwargs.get("position_bias") is not None or dropout):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+    if (
+        n > ROWWISE_MAX_QUERIES
+        or kwargs.get("sliding_window")
+        or kwargs.get("softcap") is not None
+        or kwargs.get("position_bias") is not None
+        or dropout
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     gqa = query.shape[1] != key.shape[1]
     total = key.shape[2]
     if plain_causal(attention_mask, n, total):  # what the slicing below already does (the usual case)
@@ -132,10 +140,12 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
     rows = []
     for i in range(n):
         kv = total - n + i + 1
-        mask = None if attention_mask is None else attention_mask[:, :, i:i + 1, :kv]
-        rows.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, i:i + 1], key[:, :, :kv], value[:, :, :kv], attn_mask=mask, scale=scaling,
-            enable_gqa=gqa))
+        mask = None if attention_mask is None else attention_mask[:, :, i : i + 1, :kv]
+        rows.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, i : i + 1], key[:, :, :kv], value[:, :, :kv], attn_mask=mask, scale=scaling, enable_gqa=gqa
+            )
+        )
     return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
 
 

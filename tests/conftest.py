@@ -38,9 +38,19 @@ def make_tiny_model(seed: int, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).to(torch.float32).eval()
     # Random init gives near-uniform logits; a larger output scale makes greedy choices well
     # separated (no fp ties between a 1-token and a 16-token forward) and outputs loop, so n-gram
@@ -130,8 +140,13 @@ def run_cli(*args, stdin: str | None = None, env: dict | None = None):
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
     code = 0
-    with mock.patch.object(sys, "argv", ["loosespec", *argv]), mock.patch.object(sys, "stdin", io.StringIO(stdin or "")), \
-            mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        mock.patch.object(sys, "argv", ["loosespec", *argv]),
+        mock.patch.object(sys, "stdin", io.StringIO(stdin or "")),
+        mock.patch.dict(os.environ, env or {}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         try:
             cli.main()
         except SystemExit as e:

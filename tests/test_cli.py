@@ -15,8 +15,14 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 def cli_process(*args, stdin=None):
     """A new interpreter: what only a real process shows (nothing printed at import, a real stdin pipe)."""
-    return subprocess.run([sys.executable, "-m", "loosespec.cli", *args], capture_output=True, text=True,
-                          env=ENV, input=stdin, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "loosespec.cli", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        input=stdin,
+        timeout=600,
+    )
 
 
 def assert_one_line_error(proc, *needles):
@@ -43,8 +49,24 @@ def test_missing_local_path():
 def test_sampling_across_tokenizers_reports_both_units(tiny_dir):
     """Another vocabulary: rejection sampling drafts in the shared vocabulary (TLI); the statistics
     say which counts are in target tokens and which in the draft model's."""
-    p = cli("generate", "--target", "smollm2-135m-instruct", "--draft", str(tiny_dir / "target"), "--dtype", "float32",
-            "--method", "rejection", "--drafter", "model", "--temperature", "0.7", "--max-new-tokens", "8", "hi")
+    p = cli(
+        "generate",
+        "--target",
+        "smollm2-135m-instruct",
+        "--draft",
+        str(tiny_dir / "target"),
+        "--dtype",
+        "float32",
+        "--method",
+        "rejection",
+        "--drafter",
+        "model",
+        "--temperature",
+        "0.7",
+        "--max-new-tokens",
+        "8",
+        "hi",
+    )
     assert p.returncode == 0, p.stderr
     assert "across tokenizers: drafted" in p.stdout + p.stderr and "draft-model tokens proposed" in p.stdout + p.stderr
 
@@ -62,8 +84,10 @@ def test_unreadable_prompt_file(tiny_dir, tmp_path):
 
 def test_unknown_method_and_drafter(tiny_dir):
     assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--method", "magic", "hi"), "magic")
-    assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none",
-                              "--drafter", "model", "hi"), "needs a draft model")
+    assert_one_line_error(
+        cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none", "--drafter", "model", "hi"),
+        "needs a draft model",
+    )
 
 
 def test_exact_needs_greedy(tiny_dir):
@@ -72,14 +96,35 @@ def test_exact_needs_greedy(tiny_dir):
 
 
 def test_json_output_and_stdin(tiny_dir):
-    p = cli_process("generate", "--json", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"),
-            "--draft", str(tiny_dir / "draft"), "--max-new-tokens", "20", "-", stdin="def f(x):\n")
+    p = cli_process(
+        "generate",
+        "--json",
+        "--raw",
+        "--dtype",
+        "float32",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "draft"),
+        "--max-new-tokens",
+        "20",
+        "-",
+        stdin="def f(x):\n",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert set(out) >= {"text", "token_ids", "stats", "config"}
     s = out["stats"]
-    for key in ("new_tokens", "rounds", "target_forwards", "draft_forwards", "mean_accepted_length",
-                "acceptance_rate", "wall_s", "tokens_per_s"):
+    for key in (
+        "new_tokens",
+        "rounds",
+        "target_forwards",
+        "draft_forwards",
+        "mean_accepted_length",
+        "acceptance_rate",
+        "wall_s",
+        "tokens_per_s",
+    ):
         assert key in s
     assert s["new_tokens"] == len(out["token_ids"]) == 20
     assert out["config"]["method"] == "exact" and out["config"]["drafter"] == "mla"
@@ -87,8 +132,18 @@ def test_json_output_and_stdin(tiny_dir):
 
 
 def test_streams_text_and_reports_speedup(tiny_dir):
-    p = cli("generate", "--raw", "--target", str(tiny_dir / "target"), "--draft", "none", "--max-new-tokens", "16",
-            "--compare-ar", "abcabc")
+    p = cli(
+        "generate",
+        "--raw",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        "none",
+        "--max-new-tokens",
+        "16",
+        "--compare-ar",
+        "abcabc",
+    )
     assert p.returncode == 0, p.stderr
     assert "[exact-ngram]" in p.stderr and "speedup over autoregressive" in p.stderr
 
@@ -96,8 +151,17 @@ def test_streams_text_and_reports_speedup(tiny_dir):
 @pytest.mark.real_model
 @pytest.mark.slow  # make test checks exact == ar on SmolLM2 in-process (test_real_smollm, and in int8 test_quant)
 def test_acceptance_smollm_exact_ngram_equals_ar():
-    common = ["generate", "--json", "--dtype", "float32", "--target", "smollm2-135m-instruct",
-              "--max-new-tokens", "40", "Write a Python function that reverses a list."]
+    common = [
+        "generate",
+        "--json",
+        "--dtype",
+        "float32",
+        "--target",
+        "smollm2-135m-instruct",
+        "--max-new-tokens",
+        "40",
+        "Write a Python function that reverses a list.",
+    ]
     exact = json.loads(cli(*common, "--method", "exact", "--drafter", "ngram").stdout)
     ar = json.loads(cli(*common, "--method", "ar").stdout)
     assert exact["token_ids"] == ar["token_ids"]
@@ -117,25 +181,51 @@ def test_models_pull_unknown():
 
 @pytest.mark.parametrize("flag", ["--vllm-concurrency", "--vllm-max-num-batched-tokens"])
 def test_bad_vllm_bench_options(tiny_dir, tmp_path, flag):
-    p = cli("bench", "--target", str(tiny_dir / "target"), "--dataset", "gsm8k", "--methods", "vllm-ar",
-            "--out", str(tmp_path / "out"), flag, "0")
+    p = cli(
+        "bench",
+        "--target",
+        str(tiny_dir / "target"),
+        "--dataset",
+        "gsm8k",
+        "--methods",
+        "vllm-ar",
+        "--out",
+        str(tmp_path / "out"),
+        flag,
+        "0",
+    )
     assert_one_line_error(p, flag, "got 0")
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--quantize", "int2"], "unknown quantize"),
-    (["--quantize", "int4"], "GGUF file"),  # a local directory has no GGUF for llama.cpp to run
-    (["--draft-quantize", "fp4"], "unknown quantize"),
-    (["--dtype", "bfloat16", "--quantize", "int8"], "float32"),
-    (["--dtype", "fp8"], "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--quantize", "int2"], "unknown quantize"),
+        (["--quantize", "int4"], "GGUF file"),  # a local directory has no GGUF for llama.cpp to run
+        (["--draft-quantize", "fp4"], "unknown quantize"),
+        (["--dtype", "bfloat16", "--quantize", "int8"], "float32"),
+        (["--dtype", "fp8"], "unknown dtype"),
+    ],
+)
 def test_bad_precision_flags(tiny_dir, flags, words):
     assert_one_line_error(cli("generate", "--target", str(tiny_dir / "target"), "--draft", "none", *flags, "hi"), words)
 
 
 def test_int8_precision_is_recorded_and_exact_equals_ar(tiny_dir):
-    common = ["generate", "--json", "--raw", "--quantize", "int8", "--target", str(tiny_dir / "target"),
-              "--draft", "none", "--max-new-tokens", "24", "def add(a, b):\n    return a + b\n"]
+    common = [
+        "generate",
+        "--json",
+        "--raw",
+        "--quantize",
+        "int8",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        "none",
+        "--max-new-tokens",
+        "24",
+        "def add(a, b):\n    return a + b\n",
+    ]
     exact = json.loads(cli(*common, "--method", "exact", "--drafter", "ngram").stdout)
     ar = json.loads(cli(*common, "--method", "ar").stdout)
     assert exact["token_ids"] == ar["token_ids"]
@@ -177,9 +267,23 @@ def test_static_cache_options_refuse_what_they_cannot_do(tiny_dir, tmp_path):
     common = STATIC_CLI + ["--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft")]
     assert_one_line_error(cli(*common, "--compile"), "compile needs cache_implementation 'static'")
     assert_one_line_error(cli(*common, "--cache-implementation", "paged"), "'dynamic' or 'static'")
-    p = cli("bench", "--dataset", "gsm8k", "--limit", "1", "--methods", "specguard", "--target",
-            str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--cache-implementation", "static",
-            "--out", str(tmp_path / "b"))
+    p = cli(
+        "bench",
+        "--dataset",
+        "gsm8k",
+        "--limit",
+        "1",
+        "--methods",
+        "specguard",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "draft"),
+        "--cache-implementation",
+        "static",
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert_one_line_error(p, "specguard methods need --cache-implementation dynamic")
 
 
@@ -189,15 +293,51 @@ def test_code_execution_is_opt_in(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("LOOSESPEC_ALLOW_CODE_EXECUTION", raising=False)
     monkeypatch.delenv("LOOSESPEC_SANDBOX", raising=False)
     out = tmp_path / "he"
-    p = cli("bench", "--target", str(tiny_dir / "target"), "--draft", "none", "--dataset", "humaneval",
-            "--methods", "ar", "--limit", "1", "--out", str(out))
+    p = cli(
+        "bench",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        "none",
+        "--dataset",
+        "humaneval",
+        "--methods",
+        "ar",
+        "--limit",
+        "1",
+        "--out",
+        str(out),
+    )
     assert_one_line_error(p, "--allow-code-execution", "LOOSESPEC_ALLOW_CODE_EXECUTION")
     assert not out.exists()
-    p = cli("calibrate", "--method", "fly", "--dataset", "mbpp-train", "--target", str(tiny_dir / "target"),
-            "--draft", str(tiny_dir / "target"))
+    p = cli(
+        "calibrate",
+        "--method",
+        "fly",
+        "--dataset",
+        "mbpp-train",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "target"),
+    )
     assert_one_line_error(p, "mbpp-train", "--allow-code-execution")
-    p = cli("bench", "--target", str(tiny_dir / "target"), "--draft", "none", "--dataset", "humaneval",
-            "--methods", "ar", "--out", str(out), "--allow-code-execution", "--sandbox", "jail")
+    p = cli(
+        "bench",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        "none",
+        "--dataset",
+        "humaneval",
+        "--methods",
+        "ar",
+        "--out",
+        str(out),
+        "--allow-code-execution",
+        "--sandbox",
+        "jail",
+    )
     assert_one_line_error(p, "unknown sandbox mode 'jail'")
     assert not out.exists()
 
@@ -206,22 +346,37 @@ def test_quiet_verbose_and_the_environment_set_what_stderr_shows(tiny_dir):
     """The default (INFO) shows the statistics lines; --quiet and LOOSESPEC_LOGGING_LEVEL=WARNING show only warnings
     and errors (the completion on stdout unchanged); --verbose and LOOSESPEC_LOGGING_LEVEL=debug add debug records
     (here the engine's load configuration). A flag wins over the variable."""
-    args = ("generate", "--raw", "--target", str(tiny_dir / "target"), "--draft", "none", "--method", "ar",
-            "--max-new-tokens", "4", "abc")
+    args = (
+        "generate",
+        "--raw",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        "none",
+        "--method",
+        "ar",
+        "--max-new-tokens",
+        "4",
+        "abc",
+    )
     default = cli(*args)
     assert default.returncode == 0 and "[ar] " in default.stderr and "LoadConfig(" not in default.stderr
     for quiet in (cli("--quiet", *args), cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "WARNING"})):
         assert quiet.returncode == 0 and quiet.stdout == default.stdout
         assert "[ar]" not in quiet.stderr and "precision" not in quiet.stderr, quiet.stderr
-    for verbose in (cli("--verbose", *args), cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "debug"}),
-                    cli("--verbose", *args, env={"LOOSESPEC_LOGGING_LEVEL": "ERROR"})):
+    for verbose in (
+        cli("--verbose", *args),
+        cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "debug"}),
+        cli("--verbose", *args, env={"LOOSESPEC_LOGGING_LEVEL": "ERROR"}),
+    ):
         assert verbose.returncode == 0 and "[ar] " in verbose.stderr
         assert f"LoadConfig(target='{tiny_dir / 'target'}'" in verbose.stderr, verbose.stderr
     louder = cli("--quiet", *args, env={"LOOSESPEC_LOGGING_LEVEL": "DEBUG"})
     assert "[ar]" not in louder.stderr and "LoadConfig(" not in louder.stderr
     # errors are printed whatever the level, and bad logging settings are errors of their own
-    assert_one_line_error(cli("--quiet", "generate", "--target", "./does/not/exist", "--draft", "none", "hi"),
-                          "not found")
+    assert_one_line_error(
+        cli("--quiet", "generate", "--target", "./does/not/exist", "--draft", "none", "hi"), "not found"
+    )
     assert_one_line_error(cli("--verbose", "--quiet", *args), "--verbose and --quiet")
     assert_one_line_error(cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "loud"}), "LOOSESPEC_LOGGING_LEVEL", "'loud'")
     assert cli("generate", "--quiet", "abc").returncode == 2  # a global option: before the command

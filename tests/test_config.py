@@ -18,9 +18,19 @@ def test_every_knob_has_help_and_its_default_validates():
     DecodeConfig(drafter="ngram")  # the defaults pass their own bounds (the drafter is the method's to choose)
 
 
-@pytest.mark.parametrize("name, bad", [("num_draft_tokens", 0), ("top_p", 0.0), ("fly_entropy_top_k", 0),
-                                       ("sg_beta", 1.5), ("sg_embedder", "nope"), ("method", "magic"),
-                                       ("fly_entropy_threshold", float("nan")), ("sg_delimiter", "")])
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("num_draft_tokens", 0),
+        ("top_p", 0.0),
+        ("fly_entropy_top_k", 0),
+        ("sg_beta", 1.5),
+        ("sg_embedder", "nope"),
+        ("method", "magic"),
+        ("fly_entropy_threshold", float("nan")),
+        ("sg_delimiter", ""),
+    ],
+)
 def test_bad_values_name_the_field_for_each_reader(name, bad):
     with pytest.raises(ConfigError) as e:
         DecodeConfig.create(**({"method": bad} if name == "method" else {"method": "fly", name: bad}))
@@ -47,8 +57,9 @@ def test_no_knob_is_declared_twice():
     it, writes out the defaults it needs on lines marked "(knob default, tests/verify/test_defaults.py)", and that
     test checks each equals the knob's."""
     knob = "|".join(KNOBS)
-    declared = re.compile(r"\b(%s)\s*:\s*[^=,()]+?=\s*(typer\.Option|Field\(|-?[0-9][0-9.e_]*\b|\"[^\"]*\"|True|False)"
-                          % knob)
+    declared = re.compile(
+        r"\b(%s)\s*:\s*[^=,()]+?=\s*(typer\.Option|Field\(|-?[0-9][0-9.e_]*\b|\"[^\"]*\"|True|False)" % knob
+    )
     option = re.compile(r"\b(%s)\s*[:=].*\b(typer\.Option|Field)\(" % knob)
     offenders = []
     for path in (ROOT / "loosespec").rglob("*.py"):
@@ -115,7 +126,7 @@ def test_vllm_settings_share_defaults_and_bounds():
         FlySettings(fly_entropy_top_k=0)
 
 
-DUMMY_PROBE = r'''
+DUMMY_PROBE = r"""
 import json, typer, pydantic
 from loosespec.cli import app
 from loosespec.serve.protocol import CommonFields
@@ -132,7 +143,7 @@ out["vllm_default"] = FlySettings().fly_dummy
 out["vllm_env"] = FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly", "LOOSESPEC_FLY_DUMMY": "2"}).fly_dummy
 out["env"] = fly_env({"fly_dummy": 4}).get("LOOSESPEC_FLY_DUMMY")
 print(json.dumps(out))
-'''
+"""
 
 
 def test_adding_a_knob_is_one_edit(tmp_path):
@@ -149,10 +160,19 @@ def test_adding_a_knob_is_one_edit(tmp_path):
     text = config.read_text()
     anchor = "    fly_sampling: str = knob("
     assert text.count(anchor) == 1
-    config.write_text(text.replace(anchor, '    fly_dummy: int = knob(7, "a dummy knob.", lossy="FLy", vllm=True, '
-                                           'ge=0, le=9)\n' + anchor))
-    r = subprocess.run([sys.executable, "-c", DUMMY_PROBE], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    config.write_text(
+        text.replace(
+            anchor, '    fly_dummy: int = knob(7, "a dummy knob.", lossy="FLy", vllm=True, ge=0, le=9)\n' + anchor
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", DUMMY_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["generate"] == [["--fly-dummy"]] and out["serve"] == [["--fly-dummy"]]

@@ -81,8 +81,9 @@ def test_cost_curve_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch)
         return CostCurve((1, max_n), (0.1, 0.2))
 
     monkeypatch.setattr(cost, "measure", fake_measure)
-    loaded = SimpleNamespace(source=SimpleNamespace(spec="m", revision="r"), precision=None,
-                             model=torch.nn.Linear(2, 2))
+    loaded = SimpleNamespace(
+        source=SimpleNamespace(spec="m", revision="r"), precision=None, model=torch.nn.Linear(2, 2)
+    )
     lm = FakeLM(clock, lambda n: 0.0)
     a = cost_curve(loaded, lm, 16, cache_dir=tmp_path)
     b = cost_curve(loaded, lm, 16, cache_dir=tmp_path)

@@ -69,16 +69,19 @@ def test_cuda_precision_follows_bf16_support():
     assert resolve_precision("auto", "auto", "cuda", cuda_bf16=False, engine="x86").name == "float16"
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(dtype="auto", quantize="int8", device="cuda"), "CPU only"),
-    (dict(dtype="bfloat16", quantize="int8", device="cpu"), "float32"),
-    (dict(dtype="int4", quantize="auto", device="cpu"), "unknown dtype"),
-    (dict(dtype="auto", quantize="int2", device="cpu"), "unknown quantize"),
-    (dict(dtype="auto", quantize="int4", device="cpu", gguf=False, llamacpp=True), "GGUF file"),
-    (dict(dtype="auto", quantize="int4", device="cpu", gguf=True, llamacpp=False), "llama-cpp-python"),
-    (dict(dtype="auto", quantize="int4", device="cuda", gguf=True, llamacpp=True), "on the CPU"),
-    (dict(dtype="bfloat16", quantize="int4", device="cpu", gguf=True, llamacpp=True), "float32 logits"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(dtype="auto", quantize="int8", device="cuda"), "CPU only"),
+        (dict(dtype="bfloat16", quantize="int8", device="cpu"), "float32"),
+        (dict(dtype="int4", quantize="auto", device="cpu"), "unknown dtype"),
+        (dict(dtype="auto", quantize="int2", device="cpu"), "unknown quantize"),
+        (dict(dtype="auto", quantize="int4", device="cpu", gguf=False, llamacpp=True), "GGUF file"),
+        (dict(dtype="auto", quantize="int4", device="cpu", gguf=True, llamacpp=False), "llama-cpp-python"),
+        (dict(dtype="auto", quantize="int4", device="cuda", gguf=True, llamacpp=True), "on the CPU"),
+        (dict(dtype="bfloat16", quantize="int4", device="cpu", gguf=True, llamacpp=True), "float32 logits"),
+    ],
+)
 def test_bad_combinations_are_clear_errors(kw, words):
     with pytest.raises(LoosespecError, match=words):
         resolve_precision(**kw, cpu=cpu("epyc_zen3"), engine="x86")
@@ -94,8 +97,9 @@ def test_this_machine_is_described():
     assert me.model and isinstance(me.flags, frozenset)
 
 
-@pytest.mark.parametrize("capability, auto", [((7, 5), "float16"), ((7, 0), "float16"), ((8, 0), "bfloat16"),
-                                              ((9, 0), "bfloat16")])
+@pytest.mark.parametrize(
+    "capability, auto", [((7, 5), "float16"), ((7, 0), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")]
+)
 def test_cuda_auto_reads_the_compute_capability_not_emulated_bf16(monkeypatch, capability, auto):
     """torch.cuda.is_bf16_supported() says True on a T4 or V100 too (emulation); --dtype auto must pick float16
     there and bfloat16 from Ampere on. Stand-ins for the CUDA queries: no GPU is needed."""
@@ -108,7 +112,9 @@ def test_cuda_auto_reads_the_compute_capability_not_emulated_bf16(monkeypatch, c
     assert resolve_precision("auto", "auto", "cuda", engine="x86").name == auto
     assert resolve_precision("float16", "auto", "cuda", engine="x86").name == "float16"
     if auto == "float16":
-        with pytest.raises(LoosespecError, match=r"bfloat16 on Stand-in GPU \(compute capability 7\.\d\).*--dtype auto"):
+        with pytest.raises(
+            LoosespecError, match=r"bfloat16 on Stand-in GPU \(compute capability 7\.\d\).*--dtype auto"
+        ):
             resolve_precision("bfloat16", "auto", "cuda", engine="x86")
     else:
         assert resolve_precision("bfloat16", "auto", "cuda", engine="x86").name == "bfloat16"

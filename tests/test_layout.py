@@ -5,8 +5,21 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "loosespec"
-CORE = ["decode", "verify", "drafters", "weights", "config.py", "methods.py", "models.py", "loading.py", "cost.py",
-        "quant.py", "hardware.py", "log.py", "errors.py"]
+CORE = [
+    "decode",
+    "verify",
+    "drafters",
+    "weights",
+    "config.py",
+    "methods.py",
+    "models.py",
+    "loading.py",
+    "cost.py",
+    "quant.py",
+    "hardware.py",
+    "log.py",
+    "errors.py",
+]
 FRONT = ("loosespec.serve", "loosespec.eval", "loosespec.integrations", "loosespec.cli")
 
 
@@ -51,9 +64,9 @@ NAME_TABLES = ("methods.py", "drafters/__init__.py")
 # other side's source) or ("*", a word the other side's source contains)
 OTHER_NAMESPACES = {
     ("drafters/ngram.py", "search"): "prompt lookup's searches (fly | transformers | pld), named for the code each "
-                                     "follows, not the method",
+    "follows, not the method",
     ("integrations/vllm/rule.py", "method"): "the vLLM plugin's LOOSESPEC_REJECTION_SAMPLE_METHOD (fly | standard), "
-                                             "vLLM's rejection sampler setting",
+    "vLLM's rejection sampler setting",
     ("integrations/vllm/native.py", "methods"): "the values of vLLM's own SpeculativeConfig.rejection_sample_method",
     ("*", "fly_sampling"): "FLy's sampling variants (two-sample | rejection), the fly_sampling knob's choices",
 }
@@ -102,8 +115,11 @@ def name_comparisons(pkg: Path, names: set[str]) -> list[str]:
                 others = {ast.get_source_segment(src, s) for s in sides if s not in named}
                 if named and not all(_other_namespace(rel, o) for o in others):
                     found.append(f"{rel}:{node.lineno}: {ast.get_source_segment(src, node)}")
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("startswith", "endswith"):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("startswith", "endswith")
+            ):
                 if any(_namey(v.rstrip("-"), names) for a in node.args for v in _literals(a) if isinstance(v, str)):
                     found.append(f"{rel}:{node.lineno}: {ast.get_source_segment(src, node)}")
             elif isinstance(node, ast.MatchValue) and any(_namey(v, names) for v in _literals(node.value)):
@@ -127,7 +143,8 @@ def test_the_name_scan_finds_what_it_looks_for(tmp_path):
         'if cfg.drafter in ("model", "mla"): pass\n'
         'if name.startswith("vllm-fly"): pass\n'
         'if m != "ar": pass\n'
-        'match cfg.method:\n    case "fly": pass\n')
+        'match cfg.method:\n    case "fly": pass\n'
+    )
     (tmp_path / "fine.py").write_text('if mode == "none": pass\nif kind == "llamacpp": pass\nx = {"fly": 1}["fly"]\n')
     (tmp_path / "methods.py").write_text('if name == "fly": pass\n')  # the registry may
     (tmp_path / "drafters" / "ngram.py").write_text('if search == "fly": pass\n')  # another namespace
@@ -140,6 +157,5 @@ MAX_LINES = 600  # issue 44: a module past this has grown two concerns; split it
 
 
 def test_no_module_over_the_line_limit():
-    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -84,13 +84,26 @@ def test_engine_load_takes_the_load_options(monkeypatch):
     """Engine.load's keywords are LoadConfig's fields: it builds one and hands it to Engine.load_from."""
     from loosespec.decode.engine import Engine
 
-    assert [p.name for p in inspect.signature(Engine.load).parameters.values()] == \
-        ["target", "draft", "progress", "torch_draft", "options"]
+    assert [p.name for p in inspect.signature(Engine.load).parameters.values()] == [
+        "target",
+        "draft",
+        "progress",
+        "torch_draft",
+        "options",
+    ]
     seen = []
     monkeypatch.setattr(Engine, "load_from", classmethod(lambda cls, cfg, **kw: seen.append((cfg, kw))))
-    values = {"revision": "main", "draft_revision": "v1", "dtype": "float32", "quantize": "none",
-              "draft_quantize": "int8", "device": "cpu", "cache_implementation": "static", "compile": True,
-              "max_cache_len": 77}
+    values = {
+        "revision": "main",
+        "draft_revision": "v1",
+        "dtype": "float32",
+        "quantize": "none",
+        "draft_quantize": "int8",
+        "device": "cpu",
+        "cache_implementation": "static",
+        "compile": True,
+        "max_cache_len": 77,
+    }
     assert set(values) | {"target", "draft"} == set(LOAD_OPTIONS)
     Engine.load("t", "d", progress=False, **values)
     assert seen == [(LoadConfig(target="t", draft="d", **values), {"progress": False, "torch_draft": False})]
@@ -109,7 +122,7 @@ def test_the_draft_a_config_loads():
     assert dataclasses.replace(LoadConfig(), draft=None) == LoadConfig().replace(draft=None)
 
 
-PROBE = r'''
+PROBE = r"""
 import json, sys, typer
 from typer.testing import CliRunner
 from loosespec.cli import app
@@ -136,7 +149,7 @@ try:
 except Seen as e:
     out["engine_passes"] = e.args[0].dummy_load
 print(json.dumps(out))
-'''
+"""
 
 
 def test_adding_a_load_option_is_one_edit(tmp_path):
@@ -148,10 +161,17 @@ def test_adding_a_load_option_is_one_edit(tmp_path):
     text = loading.read_text()
     anchor = "    device: str = load_option("
     assert text.count(anchor) == 1
-    loading.write_text(text.replace(anchor, '    dummy_load: int = load_option(3, "a dummy loading option.", min=0)\n'
-                                    + anchor))
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    loading.write_text(
+        text.replace(anchor, '    dummy_load: int = load_option(3, "a dummy loading option.", min=0)\n' + anchor)
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["generate"] == out["bench"] == out["serve"] == out["calibrate"] == [["--dummy-load"]]

@@ -16,10 +16,10 @@ from loosespec.verify.rules import FlyRule, GreedyRule, RejectionRule
 from loosespec.verify.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = "METHODS: dict[str, Method] = {m.name: m for m in ("
+ANCHOR = "METHODS: dict[str, Method] = {\n    m.name: m\n    for m in ("
 
 # The toy: a rule that keeps every draft token (LOSSY on purpose, so that its acceptance shows it ran) and its entry
-TOY_RULE = '''
+TOY_RULE = """
 class _KeepAll:
     def __call__(self, draft, logits):
         import torch
@@ -34,11 +34,11 @@ def keep_all_rule(cfg, sampling, generator, prompt_ids=None):
     return _KeepAll()
 
 
-'''
-TOY_ENTRY = '''
-    Method("toy", "keeps every draft token (a test's toy). LOSSY", lossy=True, rule=keep_all_rule),'''
+"""
+TOY_ENTRY = """
+    Method("toy", "keeps every draft token (a test's toy). LOSSY", lossy=True, rule=keep_all_rule),"""
 
-TOY_PROBE = r'''
+TOY_PROBE = r"""
 import contextlib, io, json, sys
 from loosespec import cli
 out = {}
@@ -75,7 +75,7 @@ with TestClient(app) as c:
 out["server"] = {"status": ok.status_code, "body": ok.json(), "unknown_status": bad.status_code,
                  "bad_body": bad.json()}
 print(json.dumps(out))
-'''
+"""
 
 
 def test_adding_a_method_is_one_entry_and_its_rule(tmp_path, tiny_dir):
@@ -88,16 +88,26 @@ def test_adding_a_method_is_one_entry_and_its_rule(tmp_path, tiny_dir):
     text = methods.read_text()
     assert text.count(ANCHOR) == 1
     methods.write_text(text.replace(ANCHOR, TOY_RULE + ANCHOR + TOY_ENTRY))
-    r = subprocess.run([sys.executable, "-c", TOY_PROBE, str(tiny_dir / "target"), str(tiny_dir / "draft")],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    r = subprocess.run(
+        [sys.executable, "-c", TOY_PROBE, str(tiny_dir / "target"), str(tiny_dir / "draft")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert "cli_exit" not in out or out["cli_exit"] in (0, None), out
     assert out["cli"]["method"] == "toy" and out["cli"]["lossy"] is True
     assert out["cli"]["drafted"] > 0 and out["cli"]["acceptance"] == 1.0  # the toy rule verified the rounds
-    assert out["bench"] == {"methods": ["ar", "toy-ngram", "toy-mla"], "method": "toy", "lossy": True,
-                            "needs_draft": True, "config": "toy"}
+    assert out["bench"] == {
+        "methods": ["ar", "toy-ngram", "toy-mla"],
+        "method": "toy",
+        "lossy": True,
+        "needs_draft": True,
+        "config": "toy",
+    }
     assert out["server"]["status"] == 200, out["server"]
     spec = out["server"]["body"]["metrics"]["speculative_decoding"]
     assert spec["method"] == "toy" and spec["lossy"] is True and spec["num_draft_tokens"] > 0
@@ -110,9 +120,16 @@ def test_every_method_names_itself_and_its_rule():
         assert m.name == name and m.summary and callable(m.rule)
 
 
-@pytest.mark.parametrize("method, drafter, temperature, rule", [
-    ("ar", None, 0.0, GreedyRule), ("exact", "ngram", 0.0, GreedyRule), ("rejection", "ngram", 0.7, RejectionRule),
-    ("fly", "ngram", 0.0, FlyRule), ("specguard", "ngram", 0.0, GreedyRule)])
+@pytest.mark.parametrize(
+    "method, drafter, temperature, rule",
+    [
+        ("ar", None, 0.0, GreedyRule),
+        ("exact", "ngram", 0.0, GreedyRule),
+        ("rejection", "ngram", 0.7, RejectionRule),
+        ("fly", "ngram", 0.0, FlyRule),
+        ("specguard", "ngram", 0.0, GreedyRule),
+    ],
+)
 def test_each_method_builds_its_rule(method, drafter, temperature, rule):
     cfg = DecodeConfig.create(method, drafter, temperature=temperature)
     sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)

@@ -113,7 +113,7 @@ def test_hub_loads_ask_for_safetensors_and_never_the_conversion_bot(hub_cache, m
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
     monkeypatch.delenv("DISABLE_SAFETENSORS_CONVERSION", raising=False)
     models.load("org/model", dtype="float32", device="cpu", progress=False, revision="main")
-    (kw, env), = calls
+    ((kw, env),) = calls
     assert kw["use_safetensors"] is True and kw["revision"] == "a" * 40 and env == "1"
     assert "DISABLE_SAFETENSORS_CONVERSION" not in os.environ
 
@@ -130,14 +130,28 @@ def test_revision_is_refused_for_embedded_models_gguf_files_and_local_dirs(tmp_p
 def test_cli_revision_for_an_embedded_model_is_a_one_line_error(cache):
     from conftest import run_cli
 
-    for command in (["generate", "--draft", "none", "--max-new-tokens", "1", "hi"],
-                    ["serve", "--draft", "none"]):
+    for command in (["generate", "--draft", "none", "--max-new-tokens", "1", "hi"], ["serve", "--draft", "none"]):
         r = run_cli(*command, "--target", "smollm2-135m-instruct", "--revision", "main")
         assert r.returncode != 0, r.stderr
         assert "--revision applies to Hugging Face Hub ids only" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    r = run_cli("bench", "--dataset", "gsm8k", "--limit", "1", "--methods", "ar", "--out", cache / "b",
-                "--target", "smollm2-135m-instruct", "--draft", "none", "--revision", "main")
+    r = run_cli(
+        "bench",
+        "--dataset",
+        "gsm8k",
+        "--limit",
+        "1",
+        "--methods",
+        "ar",
+        "--out",
+        cache / "b",
+        "--target",
+        "smollm2-135m-instruct",
+        "--draft",
+        "none",
+        "--revision",
+        "main",
+    )
     assert r.returncode != 0 and "--revision applies to Hugging Face Hub ids only" in r.stderr, r.stderr
 
 
@@ -149,8 +163,28 @@ def test_bench_records_the_revision_and_refuses_another_on_resume(hub_cache, tmp
     _hub_cache(hub_cache, "org/model", "a" * 40, ("main",), seed=0)
     _hub_cache(hub_cache, "org/model", "b" * 40, ("v1.0",), seed=1)
     out = tmp_path / "run"
-    args = ["bench", "--dataset", "gsm8k", "--limit", "1", "--methods", "ar", "--target", "org/model", "--draft",
-            "none", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "4", "--out", out, "--no-plots"]
+    args = [
+        "bench",
+        "--dataset",
+        "gsm8k",
+        "--limit",
+        "1",
+        "--methods",
+        "ar",
+        "--target",
+        "org/model",
+        "--draft",
+        "none",
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        out,
+        "--no-plots",
+    ]
     r = run_cli(*args, "--revision", "v1.0")
     assert r.returncode == 0, r.stderr[-2000:]
     config = json.loads((out / "config.json").read_text())

@@ -21,7 +21,7 @@ def test_row_alone_equals_row_in_batch_bit_for_bit():
     q = RowwiseInt8Linear.from_linear(lin)
     x = batch_with_outlier()
     full = q(x)
-    alone = torch.cat([q(x[i:i + 1]) for i in range(x.shape[0])])
+    alone = torch.cat([q(x[i : i + 1]) for i in range(x.shape[0])])
     assert torch.equal(full, alone)
     assert torch.equal(q(x[None])[0], full)  # [B, T, C] inputs too
     rel = (full - lin(x)).abs().max() / lin(x).abs().max()
@@ -35,7 +35,7 @@ def test_per_tensor_dynamic_quantization_is_not_batch_invariant():
     x = batch_with_outlier()
     with torch.no_grad():
         full = dyn(x)
-        alone = torch.cat([dyn(x[i:i + 1]) for i in range(x.shape[0])])
+        alone = torch.cat([dyn(x[i : i + 1]) for i in range(x.shape[0])])
     assert not torch.equal(full, alone)
 
 
@@ -99,8 +99,14 @@ def test_smollm_int8_exact_equals_ar(drafter, tmp_path, monkeypatch):
     prompt = "Write a Python function that checks whether a string is a palindrome."
     ar = engine.generate(prompt, DecodeConfig.create("ar", max_new_tokens=48))
     for adaptive in (False, True):
-        cfg = DecodeConfig.create("exact", drafter, num_draft_tokens=8, max_new_tokens=48, has_draft_model=d is not None,
-                                  adaptive_draft_length=adaptive)
+        cfg = DecodeConfig.create(
+            "exact",
+            drafter,
+            num_draft_tokens=8,
+            max_new_tokens=48,
+            has_draft_model=d is not None,
+            adaptive_draft_length=adaptive,
+        )
         r = engine.generate(prompt, cfg)
         assert r.token_ids == ar.token_ids, adaptive
     assert r.stats.precision == "int8"

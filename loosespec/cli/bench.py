@@ -33,36 +33,53 @@ BENCH_KNOBS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "sg_ta
 def bench(
     dataset: str = typer.Option(..., help="gsm8k | mgsm | math500 | humaneval | specbench | mtbench | niah"),
     out: Path = typer.Option(..., help="Results directory (results.jsonl, summary.json, plots); rerun to resume."),
-    limit: Optional[int] = typer.Option(None, help="First N problems (per language for mgsm, per category for specbench)."),
-    methods: str = typer.Option(",".join(BENCH_DEFAULT_METHODS),
-                                help="Comma list of <method>-<drafter> (ar, exact-ngram, exact-model, exact-mla, "
-                                     "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
-                                     "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
-                                     "llama.cpp (make peers) llamacpp-ar, llamacpp-pld, llamacpp-spec (its server's "
-                                     "speculative decoding with the draft model), and vLLM (make vllm) vllm-ar, "
-                                     "vllm-ngram, vllm-draft, vllm-fly, vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
-                                     "the vllm-* methods when listed). A loosespec method with knobs set is "
-                                     "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6."),
+    limit: Optional[int] = typer.Option(
+        None, help="First N problems (per language for mgsm, per category for specbench)."
+    ),
+    methods: str = typer.Option(
+        ",".join(BENCH_DEFAULT_METHODS),
+        help="Comma list of <method>-<drafter> (ar, exact-ngram, exact-model, exact-mla, "
+        "rejection-*, fly-ngram, fly-mla [LOSSY], specguard, specguard-regenerate, "
+        "specguard-fly [LOSSY]), the transformers peers hf-ar, hf-pld, hf-assist, "
+        "llama.cpp (make peers) llamacpp-ar, llamacpp-pld, llamacpp-spec (its server's "
+        "speculative decoding with the draft model), and vLLM (make vllm) vllm-ar, "
+        "vllm-ngram, vllm-draft, vllm-fly, vllm-fly-ngram [LOSSY]. ar is always run: it is the baseline (vllm-ar for "
+        "the vllm-* methods when listed). A loosespec method with knobs set is "
+        "<method>@<knob>=<value>, e.g. fly-ngram@fly_entropy_threshold=0.6.",
+    ),
     load: LoadConfig = None,  # --target, --draft, --dtype, ..., --max-cache-len (loosespec.loading)
     lang: Optional[str] = typer.Option(None, help="mgsm: language code(s), comma-separated (e.g. en,de)."),
-    category: Optional[str] = typer.Option(None, help="specbench: one task type (mt_bench, translation, "
-                                           "summarization, qa, math_reasoning, rag); default all six."),
+    category: Optional[str] = typer.Option(
+        None,
+        help="specbench: one task type (mt_bench, translation, "
+        "summarization, qa, math_reasoning, rag); default all six.",
+    ),
     context_lengths: Optional[str] = typer.Option(None, help="niah: context lengths in target tokens, e.g. 1024,2048."),
     depths: Optional[str] = typer.Option(None, help="niah: needle depths in [0, 1], e.g. 0,0.5,1."),
     data_dir: Optional[str] = typer.Option(None, help=DATA_DIR_HELP),
-    sweep: Optional[str] = typer.Option(None, help="<knob>=<v1>,<v2>,...: run each loosespec method but ar once per "
-                                        "value (as <method>@<knob>=<value>, a name --methods also takes) and plot "
-                                        "speedup (and accuracy) against the knob, e.g. num_draft_tokens=5,10,15 "
-                                        "or fly_entropy_threshold=0.1,0.3,0.6."),
+    sweep: Optional[str] = typer.Option(
+        None,
+        help="<knob>=<v1>,<v2>,...: run each loosespec method but ar once per "
+        "value (as <method>@<knob>=<value>, a name --methods also takes) and plot "
+        "speedup (and accuracy) against the knob, e.g. num_draft_tokens=5,10,15 "
+        "or fly_entropy_threshold=0.1,0.3,0.6.",
+    ),
     plots: bool = typer.Option(True, help="Draw DIR/*.png at the end."),
     vllm_num_speculative_tokens: Optional[int] = typer.Option(
-        None, help="vllm-* methods: speculative_config's num_speculative_tokens (default: 5; FLy's K, 15, for "
-        "vllm-fly*: FLy defers a mismatch only if its window fits in the draft)."),
-    vllm_concurrency: int = typer.Option(1, help="vllm-* methods: requests in flight (1: batch of one; N: blocks "
-                                         "of N concurrent requests, throughput in the summary)."),
+        None,
+        help="vllm-* methods: speculative_config's num_speculative_tokens (default: 5; FLy's K, 15, for "
+        "vllm-fly*: FLy defers a mismatch only if its window fits in the draft).",
+    ),
+    vllm_concurrency: int = typer.Option(
+        1,
+        help="vllm-* methods: requests in flight (1: batch of one; N: blocks "
+        "of N concurrent requests, throughput in the summary).",
+    ),
     vllm_max_num_batched_tokens: Optional[int] = typer.Option(
-        None, help="vllm-* methods: vLLM's --max-num-batched-tokens (default: vLLM's). vLLM profiles a forward of "
-        "this many tokens at every start: small values start much faster on a CPU."),
+        None,
+        help="vllm-* methods: vLLM's --max-num-batched-tokens (default: vLLM's). vLLM profiles a forward of "
+        "this many tokens at every start: small values start much faster on a CPU.",
+    ),
     allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=ALLOW_CODE_HELP),
     sandbox: Optional[str] = typer.Option(None, help=SANDBOX_HELP),
     **knobs,
@@ -116,20 +133,43 @@ def bench(
     if draft_spec is not None:
         check_revision(draft_spec, load.draft_revision, "--draft-revision")
     if (load.revision or load.draft_revision) and any(m.startswith("vllm-") for m in method_list):
-        raise LoosespecError("--revision/--draft-revision are not passed to vLLM: run the vllm-* methods in a bench "
-                             "of their own without them, or on a local copy of the revision")
+        raise LoosespecError(
+            "--revision/--draft-revision are not passed to vLLM: run the vllm-* methods in a bench "
+            "of their own without them, or on a local copy of the revision"
+        )
     # the config names the draft whether or not these methods load it, so that a later run adding
     # draft-model methods to the same directory matches
     load_draft = draft_spec if missing else None
-    settings = {"adaptive_draft_length": adaptive_draft_length,
-                "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                "seed": seed, "sg_tau": sg_tau}
+    settings = {
+        "adaptive_draft_length": adaptive_draft_length,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "sg_tau": sg_tau,
+    }
     for m in method_list:  # fail on bad settings before loading anything
-        M.method_config(m, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
-                        top_k=top_k, has_draft=load_draft is not None, sg_tau=sg_tau)
-    options = {k: v for k, v in {"lang": lang, "category": category,
-                                 "context_lengths": csv_numbers(context_lengths, int, "--context-lengths"),
-                                 "depths": csv_numbers(depths, float, "--depths")}.items() if v is not None}
+        M.method_config(
+            m,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            top_p=top_p,
+            top_k=top_k,
+            has_draft=load_draft is not None,
+            sg_tau=sg_tau,
+        )
+    options = {
+        k: v
+        for k, v in {
+            "lang": lang,
+            "category": category,
+            "context_lengths": csv_numbers(context_lengths, int, "--context-lengths"),
+            "depths": csv_numbers(depths, float, "--depths"),
+        }.items()
+        if v is not None
+    }
     problems = D.load_dataset(dataset, limit, data_dir, **options)  # validates name and options early
     from loosespec.models import pick_device
 
@@ -142,15 +182,34 @@ def bench(
     torch_draft = any(M.bench_method(m).torch_draft for m in method_list)
 
     precision = resolve_precision(dtype, load.quantize, pick_device(load.device), gguf=has_gguf(target))
-    draft_precision = None if draft_spec is None else resolve_precision(
-        dtype, draft_quantize_for(load.quantize, load.draft_quantize), pick_device(load.device),
-        gguf=has_gguf(draft_spec), role=draft_role(torch_draft)).name
-    config = R.run_config(target=target, draft=draft_spec, dtype=precision.name, device=resolved, dataset=dataset,
-                          draft_dtype=draft_precision,
-                          adaptive_draft_length=adaptive_draft_length,
-                          options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
-                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, sg_tau=sg_tau, scorer=D.SCORERS_DOC.get(dataset, "none"))
+    draft_precision = (
+        None
+        if draft_spec is None
+        else resolve_precision(
+            dtype,
+            draft_quantize_for(load.quantize, load.draft_quantize),
+            pick_device(load.device),
+            gguf=has_gguf(draft_spec),
+            role=draft_role(torch_draft),
+        ).name
+    )
+    config = R.run_config(
+        target=target,
+        draft=draft_spec,
+        dtype=precision.name,
+        device=resolved,
+        dataset=dataset,
+        draft_dtype=draft_precision,
+        adaptive_draft_length=adaptive_draft_length,
+        options={k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        sg_tau=sg_tau,
+        scorer=D.SCORERS_DOC.get(dataset, "none"),
+    )
     if vllm_concurrency > 1:  # a different measurement: it gets its own directory
         config["vllm_concurrency"] = vllm_concurrency
     # the Hub revisions asked for, recorded when given (the runs before them stay resumable): a folder resumed with
@@ -180,33 +239,52 @@ def bench(
 
         engine = Engine.load_from(load.replace(draft=load_draft, device=resolved), torch_draft=torch_draft)
         if dataset == "niah":  # sized in the target's tokens
-            problems = D.load_dataset(dataset, limit, data_dir, **options,
-                                      count_tokens=lambda t: len(engine.tokenizer(t).input_ids))
+            problems = D.load_dataset(
+                dataset, limit, data_dir, **options, count_tokens=lambda t: len(engine.tokenizer(t).input_ids)
+            )
         todo = B.pending_pairs(problems, method_list, done)
-        log.info(f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
-                 f"{len(done)} already in {out / R.RESULTS}")
+        log.info(
+            f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
+            f"{len(done)} already in {out / R.RESULTS}"
+        )
         vllm = None
         if any(m.startswith("vllm-") for m in method_list):
             from loosespec.eval.peers.vllm import VllmSettings
             from loosespec.models import resolve
 
-            if precision.name not in ("bfloat16", "float32", "int8") or (resolved != "cpu"
-                                                                         and not resolved.startswith("cuda")):
+            if precision.name not in ("bfloat16", "float32", "int8") or (
+                resolved != "cpu" and not resolved.startswith("cuda")
+            ):
                 raise LoosespecError(f"vllm-* methods run on cpu or cuda in bfloat16/float32, not {resolved} {dtype}")
-            vllm = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path)
-                                if draft_spec else None, dtype=vllm_dtype(dtype),
-                                num_speculative_tokens=vllm_num_speculative_tokens, concurrency=vllm_concurrency,
-                                max_num_batched_tokens=vllm_max_num_batched_tokens)
-        B.run_bench(engine, problems, method_list, out, dataset=dataset, settings=settings, vllm=vllm,
-                    encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
-                    scorer=scorer, model_id=target,
-                    log=lambda line: tqdm_write(line))
+            vllm = VllmSettings(
+                target=str(resolve(target).path),
+                draft=str(resolve(draft_spec).path) if draft_spec else None,
+                dtype=vllm_dtype(dtype),
+                num_speculative_tokens=vllm_num_speculative_tokens,
+                concurrency=vllm_concurrency,
+                max_num_batched_tokens=vllm_max_num_batched_tokens,
+            )
+        B.run_bench(
+            engine,
+            problems,
+            method_list,
+            out,
+            dataset=dataset,
+            settings=settings,
+            vllm=vllm,
+            encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
+            scorer=scorer,
+            model_id=target,
+            log=lambda line: tqdm_write(line),
+        )
     else:
         log.info(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / R.RESULTS}")
     summary, table = RP.report(out, method_list, config, draw=plots)
     run.release()
-    print(f"\n{dataset}: {target} <- {draft_spec}, {precision.name}, {resolved}, {max_new_tokens} new tokens, "
-          f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n")
+    print(
+        f"\n{dataset}: {target} <- {draft_spec}, {precision.name}, {resolved}, {max_new_tokens} new tokens, "
+        f"{'greedy' if temperature == 0 else f'temperature {temperature}'}\n"
+    )
     print(table)
     print(f"\nsummary: {out / R.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
 
@@ -216,19 +294,30 @@ def report(
     out: Path = typer.Argument(..., help="A results directory written by `loosespec bench`."),
     methods: Optional[str] = typer.Option(None, help="Only these methods, in this order (default: all)."),
     plots: bool = typer.Option(True, help="Redraw OUT/*.png."),
-    spec_bench: Optional[Path] = typer.Option(None, help="Also write one <method>.jsonl per method here in "
-                                              "Spec-Bench's answer-file layout (ar.jsonl is the baseline)."),
-    failures: bool = typer.Option(False, "--failures", help="Also print, for scored sets, whether each lossy "
-                                  "method keeps >= 99% of ar's accuracy (recovery with a 95% interval from "
-                                  "the paired right/wrong table, McNemar's p) and every answer ar got right "
-                                  "and a lossy method wrong, classified (repetition loop, truncated at the "
-                                  "budget, deferred mismatch, accepted draft step, other), with how often "
-                                  "each method's answers open by restating the question."),
-    pool: Optional[List[Path]] = typer.Option(None, "--pool", help="With --failures: also read OUT and these "
-                                              "results directories (the same set and settings under other "
-                                              "--seed values) as one pooled run: the retention verdict gains a "
-                                              "pooled line and the lost answers are read across all of them; at "
-                                              "T > 0 one seed is one draw. Repeatable."),
+    spec_bench: Optional[Path] = typer.Option(
+        None,
+        help="Also write one <method>.jsonl per method here in "
+        "Spec-Bench's answer-file layout (ar.jsonl is the baseline).",
+    ),
+    failures: bool = typer.Option(
+        False,
+        "--failures",
+        help="Also print, for scored sets, whether each lossy "
+        "method keeps >= 99% of ar's accuracy (recovery with a 95% interval from "
+        "the paired right/wrong table, McNemar's p) and every answer ar got right "
+        "and a lossy method wrong, classified (repetition loop, truncated at the "
+        "budget, deferred mismatch, accepted draft step, other), with how often "
+        "each method's answers open by restating the question.",
+    ),
+    pool: Optional[List[Path]] = typer.Option(
+        None,
+        "--pool",
+        help="With --failures: also read OUT and these "
+        "results directories (the same set and settings under other "
+        "--seed values) as one pooled run: the retention verdict gains a "
+        "pooled line and the lost answers are read across all of them; at "
+        "T > 0 one seed is one draw. Repeatable.",
+    ),
 ):
     """Re-print the table and redraw the plots of a bench directory from its results.jsonl."""
     from loosespec.eval import bench_methods as M
@@ -248,8 +337,10 @@ def report(
         written = R.export_spec_bench(R.ResultsFile(out / R.RESULTS).read(), spec_bench)
         log.info(f"Spec-Bench answer files: {', '.join(str(p) for p in written)}")
     cfg = summary.get("config", {})
-    print(f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
-          f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n")
+    print(
+        f"{cfg.get('dataset', '?')}: {cfg.get('target', '?')} <- {cfg.get('draft')}, {cfg.get('dtype', '?')}, "
+        f"{cfg.get('device', '?')}, {cfg.get('max_new_tokens', '?')} new tokens\n"
+    )
     print(table)
     if failures:
         print("\nDoes each lossy method keep ar's accuracy?\n\n" + verdicts)

@@ -31,33 +31,63 @@ log = logging.getLogger(__name__)
 
 
 @app.command()
-@knob_options("drafter", "max_new_tokens", "seed", "sg_candidates", "sg_temperature", "sg_beta", "sg_delimiter",
-              "sg_embedder", "sg_select", "sg_batch_candidates")
-@load_options(exclude=("revision", "draft_revision", "draft_quantize", *CACHE_OPTIONS),
-              defaults={"draft": DEFAULT_DRAFT},
-              helps={"draft": "Draft model (SpecGuard drafts steps with it; FLy drafts with MLA)."})
+@knob_options(
+    "drafter",
+    "max_new_tokens",
+    "seed",
+    "sg_candidates",
+    "sg_temperature",
+    "sg_beta",
+    "sg_delimiter",
+    "sg_embedder",
+    "sg_select",
+    "sg_batch_candidates",
+)
+@load_options(
+    exclude=("revision", "draft_revision", "draft_quantize", *CACHE_OPTIONS),
+    defaults={"draft": DEFAULT_DRAFT},
+    helps={"draft": "Draft model (SpecGuard drafts steps with it; FLy drafts with MLA)."},
+)
 def calibrate(
-    method: str = typer.Option("specguard", help="Method to calibrate: specguard (tau, beta, the confidence "  # (not a knob)
-                               "variant) | fly (theta, W, K and the copy guard; LOSSY method)."),
-    dataset: str = typer.Option("gsm8k-train", help="Set(s) to calibrate on, comma-separated: gsm8k-train (GSM8K's "
-                                "train split), mbpp-train (MBPP's train split, code), which no benchmark reads; or any "
-                                "bench set (then do not benchmark on those problems)."),
+    method: str = typer.Option(  # (not a knob)
+        "specguard",
+        help="Method to calibrate: specguard (tau, beta, the confidence "
+        "variant) | fly (theta, W, K and the copy guard; LOSSY method).",
+    ),
+    dataset: str = typer.Option(
+        "gsm8k-train",
+        help="Set(s) to calibrate on, comma-separated: gsm8k-train (GSM8K's "
+        "train split), mbpp-train (MBPP's train split, code), which no benchmark reads; or any "
+        "bench set (then do not benchmark on those problems).",
+    ),
     limit: int = typer.Option(20, help="First N problems of each set."),
-    margin: float = typer.Option(0.1, help="specguard: target_prefers label: the candidate's mean token log-prob under "
-                                 "the target is within MARGIN nats of the target's own step's."),
-    accept_rate: Optional[float] = typer.Option(None, help="specguard: share of steps the proposed tau should accept; "
-                                                "default: the share of steps the target wrote exactly as the draft did."),
+    margin: float = typer.Option(
+        0.1,
+        help="specguard: target_prefers label: the candidate's mean token log-prob under "
+        "the target is within MARGIN nats of the target's own step's.",
+    ),
+    accept_rate: Optional[float] = typer.Option(
+        None,
+        help="specguard: share of steps the proposed tau should accept; "
+        "default: the share of steps the target wrote exactly as the draft did.",
+    ),
     theta: str = typer.Option("0.3,0.5,0.7,0.9", help="fly: entropy thresholds to try (comma list)."),
     window: str = typer.Option("2,3,5,8", help="fly: windows to try, positions after the mismatch (comma list)."),
     k: str = typer.Option("15", help="fly: draft lengths K to try (comma list); the baseline drafts the largest."),
     copy_guard: str = typer.Option("0,4", help="fly: copy guard lengths to try (comma list; 0 = off)."),
-    confirm: int = typer.Option(3, help="fly: at most this many settings of the screen's frontier run for real "
-                                "(a bisection: 3 resolves a frontier of up to 15)."),
+    confirm: int = typer.Option(
+        3,
+        help="fly: at most this many settings of the screen's frontier run for real "
+        "(a bisection: 3 resolves a frontier of up to 15).",
+    ),
     min_retention: float = typer.Option(0.99, help="fly: the accuracy retention the chosen setting must keep."),
     load: LoadConfig = None,  # --target, --draft, --dtype, --quantize, --device (loosespec.loading)
     data_dir: Optional[str] = typer.Option(None, help=DATA_DIR_HELP),
-    out: Optional[Path] = typer.Option(None, help="Write the report here (JSON; a .md table beside it; the per-problem "
-                                       "records in OUT.steps.jsonl for specguard, OUT.runs.jsonl for fly)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        help="Write the report here (JSON; a .md table beside it; the per-problem "
+        "records in OUT.steps.jsonl for specguard, OUT.runs.jsonl for fly).",
+    ),
     allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=ALLOW_CODE_HELP),
     sandbox: Optional[str] = typer.Option(None, help=SANDBOX_HELP),
     **knobs,
@@ -104,9 +134,21 @@ def calibrate(
     if sandbox_mode is not None:
         log.info(f"# model-written code is scored in the sandbox, mode {sandbox_mode}")
     if spec.loose_window:
-        return _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, load, data_dir, out,
-                              knob_values(knobs), score_options={} if sandbox_mode is None else
-                              {"allow_code_execution": True, "sandbox": sandbox_mode})
+        return _calibrate_fly(
+            sets,
+            limit,
+            theta,
+            window,
+            k,
+            copy_guard,
+            confirm,
+            min_retention,
+            load,
+            data_dir,
+            out,
+            knob_values(knobs),
+            score_options={} if sandbox_mode is None else {"allow_code_execution": True, "sandbox": sandbox_mode},
+        )
     if len(sets) > 1:
         raise LoosespecError("calibrate --method specguard takes one --dataset")
     problems = load_dataset(sets[0], limit, data_dir)
@@ -131,8 +173,21 @@ def calibrate(
     print(format_analysis(report))
 
 
-def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_retention, load: LoadConfig, data_dir, out,
-                   kw, score_options) -> None:
+def _calibrate_fly(
+    sets,
+    limit,
+    theta,
+    window,
+    k,
+    copy_guard,
+    confirm,
+    min_retention,
+    load: LoadConfig,
+    data_dir,
+    out,
+    kw,
+    score_options,
+) -> None:
     """``calibrate --method fly`` (loosespec.eval.calibrate_fly)."""
     from loosespec.decode.engine import Engine
     from loosespec.decode.text import encode_prompt
@@ -141,13 +196,19 @@ def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_reten
 
     unused = sorted(n for n in kw if n not in ("max_new_tokens",) and kw[n] != knob_default(n))
     if unused:
-        raise LoosespecError(f"calibrate --method fly does not use {', '.join('--' + n.replace('_', '-') for n in unused)}")
+        raise LoosespecError(
+            f"calibrate --method fly does not use {', '.join('--' + n.replace('_', '-') for n in unused)}"
+        )
     if confirm < 0:
         raise LoosespecError(f"--confirm must be >= 0, got {confirm}")
     if not 0.0 < min_retention <= 1.5:
         raise LoosespecError(f"--min-retention must be in (0, 1.5], got {min_retention}")
-    settings = grid(csv_numbers(theta, float, "--theta"), csv_numbers(window, int, "--window"),
-                    csv_numbers(k, int, "--k"), csv_numbers(copy_guard, int, "--copy-guard"))
+    settings = grid(
+        csv_numbers(theta, float, "--theta"),
+        csv_numbers(window, int, "--window"),
+        csv_numbers(k, int, "--k"),
+        csv_numbers(copy_guard, int, "--copy-guard"),
+    )
     for s in settings:  # every setting checked by the configuration's own rules before anything loads
         DecodeConfig.create("fly", "mla", has_draft_model=True, **s.knobs())
     if not settings:
@@ -163,17 +224,32 @@ def _calibrate_fly(sets, limit, theta, window, k, copy_guard, confirm, min_reten
         out.parent.mkdir(parents=True, exist_ok=True)
     engine = Engine.load_from(load)
     runs = None if out is None else out.with_name(out.stem + ".runs.jsonl")
-    report = calibrate_fly(engine, problems, settings, max_new_tokens=kw.get("max_new_tokens", 256),
-                           encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
-                           scorer=lambda p, text: D.score(set_of[p.id], p, text,
-                                                          **(score_options if D.executes_code(set_of[p.id]) else {})),
-                           confirm=confirm,
-                           min_retention=min_retention, runs_file=runs, log=tqdm_write)
+    report = calibrate_fly(
+        engine,
+        problems,
+        settings,
+        max_new_tokens=kw.get("max_new_tokens", 256),
+        encode=lambda p: encode_prompt(engine.tokenizer, p.prompt),
+        scorer=lambda p, text: D.score(
+            set_of[p.id], p, text, **(score_options if D.executes_code(set_of[p.id]) else {})
+        ),
+        confirm=confirm,
+        min_retention=min_retention,
+        runs_file=runs,
+        log=tqdm_write,
+    )
     from loosespec.eval.run import hardware
     from loosespec.eval.stats import machine_label
 
-    report.update(command=" ".join(["loosespec"] + sys.argv[1:]), datasets=sets, limit=limit,
-                  target=load.target, draft=load.draft, precision=engine.precision, hardware=machine_label(hardware()))
+    report.update(
+        command=" ".join(["loosespec"] + sys.argv[1:]),
+        datasets=sets,
+        limit=limit,
+        target=load.target,
+        draft=load.draft,
+        precision=engine.precision,
+        hardware=machine_label(hardware()),
+    )
     text = format_report(report)
     if out is not None:
         from loosespec.fileio import atomic_write_text

@@ -38,20 +38,26 @@ def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
 
 
 def _summary(label: str, s: dict) -> str:
-    line = (f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
-            f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
-            f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
-            f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s"
-            + (f", {s['precision']}" if s.get("precision") else ""))
+    line = (
+        f"[{label}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.2f} tok/s), "
+        f"{s['rounds']} rounds, mean accepted length {s['mean_accepted_length']:.2f}, "
+        f"acceptance {100 * s['acceptance_rate']:.1f}%, target forwards {s['target_forwards']}, "
+        f"draft forwards {s['draft_forwards']}, ttft {s['ttft_s']:.2f} s"
+        + (f", {s['precision']}" if s.get("precision") else "")
+    )
     hist = s.get("draft_length_histogram")
     if hist and len(hist) > 1:  # the cost-aware draft length varied: say how
         line += ", draft length k:rounds " + " ".join(f"{k}:{v}" for k, v in hist.items())
     if "draft_units_drafted" in s:  # drafting across tokenizers: say which units are which
-        line += (f"; across tokenizers: drafted {s['drafted_tokens']} and accepted {s['accepted_tokens']} in target "
-                 f"tokens ({s['draft_units_drafted']} draft-model tokens proposed)")
+        line += (
+            f"; across tokenizers: drafted {s['drafted_tokens']} and accepted {s['accepted_tokens']} in target "
+            f"tokens ({s['draft_units_drafted']} draft-model tokens proposed)"
+        )
     if "steps" in s:
-        line += (f", steps {s['steps']} ({s['accepted_steps']} from the draft, {s['target_steps']} from the target), "
-                 f"mean score {s['mean_score']:.3f}")
+        line += (
+            f", steps {s['steps']} ({s['accepted_steps']} from the draft, {s['target_steps']} from the target), "
+            f"mean score {s['mean_score']:.3f}"
+        )
     return line
 
 
@@ -64,8 +70,9 @@ def generate(
     load: LoadConfig = None,  # --target, --draft, --dtype, ... (loosespec.loading)
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
-    compare_ar: bool = typer.Option(False, "--compare-ar",
-                                    help="Also run plain autoregressive decoding on the same prompt and report the speedup."),
+    compare_ar: bool = typer.Option(
+        False, "--compare-ar", help="Also run plain autoregressive decoding on the same prompt and report the speedup."
+    ),
     **knobs,
 ):
     """Generate a completion, streaming it to the terminal (or as one JSON object with --json).
@@ -82,12 +89,14 @@ def generate(
     method, drafter = kw.pop("method"), kw.pop("drafter", None)
     if not may_use_draft_model(method, drafter):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
-    cfg = DecodeConfig.create(method, drafter, kw.pop("num_draft_tokens", None), has_draft_model=draft_spec is not None,
-                              **kw)
+    cfg = DecodeConfig.create(
+        method, drafter, kw.pop("num_draft_tokens", None), has_draft_model=draft_spec is not None, **kw
+    )
     if draft_spec is None and drafter_needs_draft_model(cfg.drafter):  # fail before loading anything
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
-    engine = Engine.load_from(load.replace(draft=draft_spec), progress=not json_out,
-                              torch_draft=METHODS[cfg.method].torch_draft)
+    engine = Engine.load_from(
+        load.replace(draft=draft_spec), progress=not json_out, torch_draft=METHODS[cfg.method].torch_draft
+    )
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
         engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
@@ -117,15 +126,22 @@ def generate(
         out["speedup"] = round(speedup, 3)
         if not json_out:
             log.info(_summary("ar", out["ar"]["stats"]))
-            log.info(f"speedup over autoregressive: {speedup:.2f}x (wall time, same prompt, same process); "
-                     f"output identical to autoregressive: {same}")
+            log.info(
+                f"speedup over autoregressive: {speedup:.2f}x (wall time, same prompt, same process); "
+                f"output identical to autoregressive: {same}"
+            )
             if not same:
-                at = next((i for i, (a, b) in enumerate(zip(ar.token_ids, result.token_ids)) if a != b),
-                          min(len(ar.token_ids), len(result.token_ids)))
-                why = ("the method is lossy" if cfg.lossy else
-                       f"in {engine.precision} a forward over several tokens rounds differently from a 1-token "
-                       "forward and can flip a near-tie; int8 (--quantize int8) and float32 keep lossless methods "
-                       "equal to ar")
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(ar.token_ids, result.token_ids)) if a != b),
+                    min(len(ar.token_ids), len(result.token_ids)),
+                )
+                why = (
+                    "the method is lossy"
+                    if cfg.lossy
+                    else f"in {engine.precision} a forward over several tokens rounds differently from a 1-token "
+                    "forward and can flip a near-tie; int8 (--quantize int8) and float32 keep lossless methods "
+                    "equal to ar"
+                )
                 log.info(f"first difference at new token {at}: {why}")
     if json_out:
         print(json.dumps(out))

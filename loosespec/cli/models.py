@@ -35,7 +35,7 @@ def models_pull(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDD
     """Download, verify (sha256) and convert an embedded model once, with a progress bar."""
     from loosespec.models import pull
 
-    for n in (list(EMBEDDED) if name == "all" else [name]):
+    for n in list(EMBEDDED) if name == "all" else [name]:
         print(pull(n, progress=True))
 
 
@@ -67,7 +67,9 @@ def models_cost(
         print(json.dumps(curve.to_dict()))
         return
     meta = curve.meta
-    print(f"{name}: {meta.get('precision')} on {meta.get('device')} ({meta.get('cpu')}; "
-          f"{' '.join(meta.get('cpu_flags', [])) or 'no flags of note'}; {meta.get('threads')} threads), "
-          f"measured {meta.get('measured', '?')}, after {meta.get('context', '?')} cached tokens")
+    print(
+        f"{name}: {meta.get('precision')} on {meta.get('device')} ({meta.get('cpu')}; "
+        f"{' '.join(meta.get('cpu_flags', [])) or 'no flags of note'}; {meta.get('threads')} threads), "
+        f"measured {meta.get('measured', '?')}, after {meta.get('context', '?')} cached tokens"
+    )
     print(format_curve(curve, [n for n in curve.ns if n <= max_n]))

@@ -18,14 +18,20 @@ from loosespec.loading import LOAD_OPTIONS, LoadConfig, load_option_info
 
 log = logging.getLogger(__name__)
 
-ALLOW_CODE_HELP = ("Run model-written code to score humaneval and mbpp-train (pass@1), in loosespec's sandbox "
-                   "(also: LOOSESPEC_ALLOW_CODE_EXECUTION=1). Without it those sets are refused.")
-SANDBOX_HELP = ("auto | full | net | none: the sandbox that model-written code runs in (also: LOOSESPEC_SANDBOX). "
-                "auto: the best this machine gives, and never none (no isolation), which must be named; see the "
-                "README's 'Evaluation' section for what each mode protects.")
-DATA_DIR_HELP = ("Folder with evaluation set .jsonl files to use instead of the copies shipped with loosespec "
-                 "(a file missing there comes from $LOOSESPEC_DATA, then the shipped copy); 'hub': the standard "
-                 "Hugging Face Hub datasets (pip install 'loosespec[hub]').")
+ALLOW_CODE_HELP = (
+    "Run model-written code to score humaneval and mbpp-train (pass@1), in loosespec's sandbox "
+    "(also: LOOSESPEC_ALLOW_CODE_EXECUTION=1). Without it those sets are refused."
+)
+SANDBOX_HELP = (
+    "auto | full | net | none: the sandbox that model-written code runs in (also: LOOSESPEC_SANDBOX). "
+    "auto: the best this machine gives, and never none (no isolation), which must be named; see the "
+    "README's 'Evaluation' section for what each mode protects."
+)
+DATA_DIR_HELP = (
+    "Folder with evaluation set .jsonl files to use instead of the copies shipped with loosespec "
+    "(a file missing there comes from $LOOSESPEC_DATA, then the shipped copy); 'hub': the standard "
+    "Hugging Face Hub datasets (pip install 'loosespec[hub]')."
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,8 +77,14 @@ def knob_options(*names: str, exclude: tuple[str, ...] = (), defaults: Optional[
         for n in chosen:
             option = _option(n, defaults.get(n, inspect.Parameter.empty))
             kind = _option_type(n)
-            extra.append(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                           annotation=Optional[kind] if option.default is None else kind))
+            extra.append(
+                inspect.Parameter(
+                    n,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=option,
+                    annotation=Optional[kind] if option.default is None else kind,
+                )
+            )
 
         def command(**kw):
             return fn(**kw)
@@ -114,8 +126,9 @@ def _unescape(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_options(*names: str, exclude: tuple[str, ...] = (), defaults: Optional[dict] = None,
-                 helps: Optional[dict] = None):
+def load_options(
+    *names: str, exclude: tuple[str, ...] = (), defaults: Optional[dict] = None, helps: Optional[dict] = None
+):
     """Add the model-loading options (every field of :class:`~loosespec.loading.LoadConfig`, or ``names``) to a
     command, declared from their one declaration, where the command has a parameter ``load`` (in that order in
     --help); the command receives them as one ``LoadConfig`` in ``load``. Adding a field to ``LoadConfig`` adds it
@@ -137,16 +150,21 @@ def load_options(*names: str, exclude: tuple[str, ...] = (), defaults: Optional[
             info = load_option_info(n)
             default = defaults.get(n, LOAD_OPTIONS[n].default)
             decls = [info.flag] if info.flag else []
-            options.append(inspect.Parameter(n, params[at].kind, annotation=hints[n],
-                                             default=typer.Option(default, *decls, help=helps.get(n, info.help),
-                                                                  **info.bounds)))
+            options.append(
+                inspect.Parameter(
+                    n,
+                    params[at].kind,
+                    annotation=hints[n],
+                    default=typer.Option(default, *decls, help=helps.get(n, info.help), **info.bounds),
+                )
+            )
 
         def command(**kw):
             return fn(load=LoadConfig(**{n: kw.pop(n) for n in chosen}), **kw)
 
         command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
         command.__module__ = fn.__module__
-        command.__signature__ = sig.replace(parameters=params[:at] + options + params[at + 1:])
+        command.__signature__ = sig.replace(parameters=params[:at] + options + params[at + 1 :])
         return command
 
     return deco

@@ -17,8 +17,12 @@ from loosespec.config import ConfigError  # noqa: E402
 from loosespec.errors import LoosespecError  # noqa: E402
 from loosespec.log import LEVEL_ENV, ROOT, configure, level_from_env  # noqa: E402
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
-                  help="Loose speculative decoding for LLMs, with lossless baselines and measurements.")
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Loose speculative decoding for LLMs, with lossless baselines and measurements.",
+)
 models_app = typer.Typer(invoke_without_command=True, help="List the embedded models, or prepare one (pull).")
 app.add_typer(models_app, name="models")
 
@@ -26,9 +30,13 @@ app.add_typer(models_app, name="models")
 @app.callback()
 def _global_options(
     verbose: bool = typer.Option(False, "--verbose", help=f"Log debug messages too (as {LEVEL_ENV}=DEBUG)."),
-    quiet: bool = typer.Option(False, "--quiet", help=f"Log only warnings and errors on stderr: no progress notices, "
-                               f"statistics or status lines (as {LEVEL_ENV}=WARNING). Results on stdout and progress "
-                               "bars are unchanged."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        help=f"Log only warnings and errors on stderr: no progress notices, "
+        f"statistics or status lines (as {LEVEL_ENV}=WARNING). Results on stdout and progress "
+        "bars are unchanged.",
+    ),
 ):
     # no docstring: the group's help is the Typer's
     if verbose and quiet:

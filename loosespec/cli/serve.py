@@ -22,32 +22,55 @@ log = logging.getLogger(__name__)
 @load_options(exclude=CACHE_OPTIONS)
 def serve(
     load: LoadConfig = None,  # --target, --draft, --revision, ..., --device (loosespec.loading)
-    host: str = typer.Option("127.0.0.1", help="Address to bind; the default answers this machine only. "
-                             "0.0.0.0 exposes the server to the network (use --api-key)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Address to bind; the default answers this machine only. "
+        "0.0.0.0 exposes the server to the network (use --api-key).",
+    ),
     port: int = typer.Option(8000, help="TCP port."),
-    api_key: Optional[str] = typer.Option(None, envvar="LOOSESPEC_API_KEY", help="Require 'Authorization: Bearer KEY' "
-                                          "on /v1/* (/health and /metrics stay open). Also read from $LOOSESPEC_API_KEY."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        envvar="LOOSESPEC_API_KEY",
+        help="Require 'Authorization: Bearer KEY' "
+        "on /v1/* (/health and /metrics stay open). Also read from $LOOSESPEC_API_KEY.",
+    ),
     max_queue: int = typer.Option(64, help="Requests allowed to wait behind the running one; more get 429."),
     max_tokens_default: int = typer.Option(256, help="max_tokens when a request sends none (capped by the context)."),
     allow_origin: Optional[List[str]] = typer.Option(
-        None, "--allow-origin", metavar="ORIGIN", help="Origins (http://localhost:3000) or host names (gpu-box.lan) also accepted, "
+        None,
+        "--allow-origin",
+        metavar="ORIGIN",
+        help="Origins (http://localhost:3000) or host names (gpu-box.lan) also accepted, "
         "repeatable or comma-separated; '*' accepts any. By default (a guard against DNS rebinding) requests must be "
         "addressed (Host) to localhost, 127.0.0.1, ::1 or --host with this port, and a browser's Origin must be the "
         "server's own: a web page cannot drive a server on loopback. The Host is not checked on 0.0.0.0 / ::. A "
-        "listed origin also gets CORS headers."),
-    stall_timeout: float = typer.Option(300.0, help="Seconds a generation may go without progress (a new token) "
-                                        "before GET /health answers 503 'stalled'; 0 never does."),
-    shutdown_timeout: float = typer.Option(20.0, help="On shutdown (SIGTERM, Ctrl-C), seconds the running and "
-                                           "waiting requests get to finish; then they are answered 503 and the "
-                                           "process exits."),
-    served_model_name: Optional[str] = typer.Option(None, help="Model name clients send and /v1/models lists "
-                                                    "(default: --target); the target spec is accepted too."),
+        "listed origin also gets CORS headers.",
+    ),
+    stall_timeout: float = typer.Option(
+        300.0,
+        help="Seconds a generation may go without progress (a new token) "
+        "before GET /health answers 503 'stalled'; 0 never does.",
+    ),
+    shutdown_timeout: float = typer.Option(
+        20.0,
+        help="On shutdown (SIGTERM, Ctrl-C), seconds the running and "
+        "waiting requests get to finish; then they are answered 503 and the "
+        "process exits.",
+    ),
+    served_model_name: Optional[str] = typer.Option(
+        None, help="Model name clients send and /v1/models lists (default: --target); the target spec is accepted too."
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug"),
-    engine_name: str = typer.Option("transformers", "--engine", help="transformers (this process) | vllm: run "
-                                    "`vllm serve` from vLLM's environment (make vllm) with the loosespec plugin; "
-                                    "ar, exact or fly (LOSSY) with --drafter model or ngram, server-wide."),
-    vllm_bin: str = typer.Option(None, help="--engine vllm: the vllm executable (default: .venv-vllm/bin/vllm or "
-                                 "$LOOSESPEC_VLLM_BIN)."),
+    engine_name: str = typer.Option(
+        "transformers",
+        "--engine",
+        help="transformers (this process) | vllm: run "
+        "`vllm serve` from vLLM's environment (make vllm) with the loosespec plugin; "
+        "ar, exact or fly (LOSSY) with --drafter model or ngram, server-wide.",
+    ),
+    vllm_bin: str = typer.Option(
+        None, help="--engine vllm: the vllm executable (default: .venv-vllm/bin/vllm or $LOOSESPEC_VLLM_BIN)."
+    ),
     **knobs,
 ):
     """Serve the models over an OpenAI-compatible HTTP API (needs pip install 'loosespec[server]').
@@ -66,8 +89,9 @@ def serve(
         from loosespec.serve.app import serve as run_server
         from loosespec.serve.protocol import ServerSettings
     except ImportError as e:
-        raise LoosespecError(f"the server needs its optional dependencies ({e.name or e}): "
-                             "pip install 'loosespec[server]'") from e
+        raise LoosespecError(
+            f"the server needs its optional dependencies ({e.name or e}): pip install 'loosespec[server]'"
+        ) from e
     from loosespec.decode.engine import Engine
 
     if max_queue < 1:
@@ -91,36 +115,62 @@ def serve(
     if not (shutdown_timeout >= 0 and math.isfinite(shutdown_timeout)):
         raise LoosespecError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
     if engine_name == "vllm" and allow_origins:
-        raise LoosespecError("--allow-origin is not passed to vLLM (vllm serve checks no Host header): use "
-                             "--engine transformers, or vllm's own --allowed-origins")
+        raise LoosespecError(
+            "--allow-origin is not passed to vLLM (vllm serve checks no Host header): use "
+            "--engine transformers, or vllm's own --allowed-origins"
+        )
     target = load.target
     draft_spec = load.draft_model
     defaults = knob_values(knobs)
     method = defaults["method"]
     if engine_name == "vllm":
         if load.revision or load.draft_revision:
-            raise LoosespecError("--revision/--draft-revision are not passed to vLLM: serve a local copy of the "
-                                 "revision, or use --engine transformers")
-        return _serve_vllm(target, draft_spec, method, defaults.get("drafter"), defaults.get("num_draft_tokens"),
-                           load.dtype, {n: defaults.get(n) for n in VLLM_KNOBS}, host, port, api_key,
-                           served_model_name or target, vllm_bin)
+            raise LoosespecError(
+                "--revision/--draft-revision are not passed to vLLM: serve a local copy of the "
+                "revision, or use --engine transformers"
+            )
+        return _serve_vllm(
+            target,
+            draft_spec,
+            method,
+            defaults.get("drafter"),
+            defaults.get("num_draft_tokens"),
+            load.dtype,
+            {n: defaults.get(n) for n in VLLM_KNOBS},
+            host,
+            port,
+            api_key,
+            served_model_name or target,
+            vllm_bin,
+        )
     if engine_name != "transformers":
         raise LoosespecError(f"--engine must be transformers or vllm, got {engine_name!r}")
     # fail on bad defaults before loading anything
     cfg = DecodeConfig.create(**defaults, has_draft_model=draft_spec is not None)
     if draft_spec is None and needs_draft_model(cfg.method, cfg.drafter):
-        raise LoosespecError(f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: "
-                             "pass --draft")
+        raise LoosespecError(
+            f"default method '{cfg.method}' with drafter '{cfg.drafter}' needs a draft model: pass --draft"
+        )
     engine = Engine.load_from(load, torch_draft=METHODS[cfg.method].torch_draft)
     name = served_model_name or target
-    settings = ServerSettings(served_model_name=name, aliases=(target,), defaults=defaults, api_key=api_key,
-                              max_queue=max_queue, max_tokens_default=max_tokens_default, host=host,
-                              allow_origins=allow_origins, stall_timeout_s=stall_timeout,
-                              shutdown_timeout_s=shutdown_timeout)
+    settings = ServerSettings(
+        served_model_name=name,
+        aliases=(target,),
+        defaults=defaults,
+        api_key=api_key,
+        max_queue=max_queue,
+        max_tokens_default=max_tokens_default,
+        host=host,
+        allow_origins=allow_origins,
+        stall_timeout_s=stall_timeout,
+        shutdown_timeout_s=shutdown_timeout,
+    )
     label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
-    log.info(f"loosespec: serving {name} (draft: {draft_spec or 'none'}; default method {label}"
-             f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"
-             f"{' (API key required)' if api_key else ''}")
+    log.info(
+        f"loosespec: serving {name} (draft: {draft_spec or 'none'}; default method {label}"
+        f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"
+        f"{' (API key required)' if api_key else ''}"
+    )
     run_server(engine, settings, host=host, port=port, log_level=log_level)
 
 
@@ -130,8 +180,20 @@ def vllm_dtype(dtype: str) -> str:
     return "bfloat16" if dtype == "auto" else dtype
 
 
-def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fly: dict, host, port, api_key,
-                served_model_name, vllm_bin) -> None:
+def _serve_vllm(
+    target,
+    draft_spec,
+    method,
+    drafter,
+    num_draft_tokens,
+    dtype,
+    fly: dict,
+    host,
+    port,
+    api_key,
+    served_model_name,
+    vllm_bin,
+) -> None:
     """Replace this process by ``vllm serve`` with the loosespec plugin configured (the same OpenAI API)."""
     import os
 
@@ -148,9 +210,14 @@ def _serve_vllm(target, draft_spec, method, drafter, num_draft_tokens, dtype, fl
     exe = vllm_bin or DEFAULT_VLLM
     if not os.path.exists(exe):
         raise LoosespecError(f"vLLM not found at {exe}: run `make vllm` or pass --vllm-bin")
-    settings = VllmSettings(target=str(resolve(target).path), draft=str(resolve(draft_spec).path) if needs_draft(
-        vm) else None, dtype=vllm_dtype(dtype), num_speculative_tokens=num_draft_tokens,  # None: k's default
-        vllm_bin=exe, fly=fly)
+    settings = VllmSettings(
+        target=str(resolve(target).path),
+        draft=str(resolve(draft_spec).path) if needs_draft(vm) else None,
+        dtype=vllm_dtype(dtype),
+        num_speculative_tokens=num_draft_tokens,  # None: k's default
+        vllm_bin=exe,
+        fly=fly,
+    )
     argv, env = server_command(vm, settings, port, host=host, served_model_name=served_model_name, api_key=api_key)
     log.info(f"loosespec: {vm}{' (LOSSY)' if cfg.lossy else ''} via {' '.join(argv[:3])} ...")
     os.execve(argv[0], argv, {**os.environ, **env})

@@ -84,8 +84,9 @@ DECAY = 0.97  # per round: evidence older than ~30 rounds fades towards the prio
 class AcceptanceEstimate:
     """Per-position conditional acceptance ``a_i`` with forgetting, for positions 1..max_k."""
 
-    def __init__(self, max_k: int, prior_mean: float = PRIOR_MEAN, prior_weight: float = PRIOR_WEIGHT,
-                 decay: float = DECAY):
+    def __init__(
+        self, max_k: int, prior_mean: float = PRIOR_MEAN, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY
+    ):
         self.max_k = max_k
         self.prior_mean = prior_mean
         self.prior_weight = prior_weight
@@ -146,8 +147,14 @@ class LoosePrices:
     so the policy knows where a draft of k tokens can defer.
     """
 
-    def __init__(self, window: int, boundary: str = "window", num_draft_tokens: int | None = None,
-                 decay: float = LOOSE_DECAY, prior_weight: float = LOOSE_PRIOR_WEIGHT):
+    def __init__(
+        self,
+        window: int,
+        boundary: str = "window",
+        num_draft_tokens: int | None = None,
+        decay: float = LOOSE_DECAY,
+        prior_weight: float = LOOSE_PRIOR_WEIGHT,
+    ):
         self.window, self.boundary, self.num_draft_tokens = window, boundary, num_draft_tokens
         self.decay = decay
         self.prior_weight = prior_weight
@@ -222,9 +229,15 @@ class LoosePrices:
 class DraftLengthPolicy:
     """Chooses a draft length from the cost curves and the acceptance estimate (and a loose rule's deferrals)."""
 
-    def __init__(self, target_cost: CostCurve, draft_token_cost: float, max_k: int,
-                 estimate: AcceptanceEstimate | None = None, draft_cost_decay: float = 0.8,
-                 loose: LoosePrices | None = None):
+    def __init__(
+        self,
+        target_cost: CostCurve,
+        draft_token_cost: float,
+        max_k: int,
+        estimate: AcceptanceEstimate | None = None,
+        draft_cost_decay: float = 0.8,
+        loose: LoosePrices | None = None,
+    ):
         self.target_cost = target_cost
         self.draft_token_cost = draft_token_cost  # modelled seconds per drafted token (0 for n-gram lookup)
         self.max_k = max_k
@@ -243,8 +256,9 @@ class DraftLengthPolicy:
     def expected_rate(self, k: int, keep: float | None = None, extra_s: float = 0.0) -> float:
         """Expected committed tokens per second of a round drafting k; ``extra_s``: what drafting at all costs this
         round beyond its tokens (a draft model catching up on tokens it has not read)."""
-        return self.expected_tokens(k, keep) / (k * self.draft_token_cost + (extra_s if k else 0.0)
-                                                + self.target_cost(k + 1))
+        return self.expected_tokens(k, keep) / (
+            k * self.draft_token_cost + (extra_s if k else 0.0) + self.target_cost(k + 1)
+        )
 
     def best(self, k_cap: int, extra_s: float = 0.0) -> tuple[int, float]:
         """The draft length in 0..k_cap with the highest expected rate, and that rate (``extra_s``: see
@@ -283,8 +297,9 @@ class DraftLengthPolicy:
                 best_k, best = k, r
         return best_k, best
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float | None = None, first_miss=None,
-                loose: bool = True) -> None:
+    def observe(
+        self, drafted: int, accepted: int, draft_seconds: float | None = None, first_miss=None, loose: bool = True
+    ) -> None:
         """The round's outcome; ``draft_seconds``: the modelled cost of what was drafted; ``first_miss``: a loose
         rule's account of the first native rejection (:class:`~loosespec.verify.types.FirstMiss`), whose
         position is the native (exact-match) prefix the acceptance estimate learns from. ``loose``: also update
@@ -349,8 +364,14 @@ class CostAwareDrafter(Drafter):
             catch = catch_up_s(level.lm, seq)
             # a catch-up is paid once and serves the rounds after it: priced whole on one round, a draft model that
             # fell behind would never be worth catching up (and would fall further behind every round)
-            options.append((level, *level.policy.best(len(proposal) if proposal is not None else k,
-                                                      catch / CATCH_UP_ROUNDS), proposal, catch))
+            options.append(
+                (
+                    level,
+                    *level.policy.best(len(proposal) if proposal is not None else k, catch / CATCH_UP_ROUNDS),
+                    proposal,
+                    catch,
+                )
+            )
         level, chosen, _, proposal, catch = max(options, key=lambda o: o[2])  # ties keep the earlier, cheaper option
         if chosen == 0:
             level = None
@@ -362,8 +383,12 @@ class CostAwareDrafter(Drafter):
         if level is None:
             return replace(EMPTY_DRAFT, chosen=0, events=events)
         if proposal is not None:
-            return Draft(proposal.tokens[:chosen], None if proposal.probs is None else proposal.probs[:chosen],
-                         chosen=chosen, events=events)
+            return Draft(
+                proposal.tokens[:chosen],
+                None if proposal.probs is None else proposal.probs[:chosen],
+                chosen=chosen,
+                events=events,
+            )
         before = level.lm.modelled_s
         draft = level.drafter.propose(seq, chosen)
         # what the drafted tokens cost, the catch-up taken out: one dear round must not make every later draft
@@ -380,6 +405,10 @@ class CostAwareDrafter(Drafter):
             else:
                 level.policy.observe(0, 0, loose=False)  # no evidence: older evidence fades, so it is tried again
         # a loose rule's estimate, once per round even where the levels share it
-        for loose in {id(lv.policy.loose): lv.policy.loose for lv in self.levels if lv.policy.loose is not None}.values():
+        for loose in {
+            id(lv.policy.loose): lv.policy.loose for lv in self.levels if lv.policy.loose is not None
+        }.values():
             mine = self.level is not None and loose is self.level.policy.loose
-            loose.update(first_miss if mine and drafted else None, mine and bool(drafted) and self.level.policy.explored)
+            loose.update(
+                first_miss if mine and drafted else None, mine and bool(drafted) and self.level.policy.explored
+            )

@@ -37,6 +37,7 @@ from loosespec.verify.rules import Rule
 
 log = logging.getLogger(__name__)
 
+
 def prompt_tensor(ids) -> torch.Tensor:
     """A prompt's token ids as the loop holds them, [P] int64 on the CPU, from what a caller may pass: a 1-D
     tensor, a [1, P] tensor as tokenizers return it (or their ``BatchEncoding``), on any device, of any integer
@@ -77,8 +78,13 @@ class GenerationResult:
     config: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict(), "config": self.config}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+            "config": self.config,
+        }
 
 
 class Generation:
@@ -111,14 +117,32 @@ class Generation:
             side = None
             if e.bridge is not None:
                 eos = e.tokenizer.eos_token_id if e.tokenizer.eos_token_id in e.stop_ids else min(e.stop_ids)
-                side = DraftSide(lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True),
-                                 e.draft_stop_ids, e.bridge, eos)
-            parts = StepParts(e.target_lm, e.draft_lm, drafter, rule, e.embedder(cfg.sg_embedder), e.detokenize,
-                              e.stop_ids, generator, side)
+                side = DraftSide(
+                    lambda ids: e.draft.tokenizer.decode(ids, skip_special_tokens=True), e.draft_stop_ids, e.bridge, eos
+                )
+            parts = StepParts(
+                e.target_lm,
+                e.draft_lm,
+                drafter,
+                rule,
+                e.embedder(cfg.sg_embedder),
+                e.detokenize,
+                e.stop_ids,
+                generator,
+                side,
+            )
             chunks = decode_steps(parts, self.prompt_ids, cfg, self.stats)
         else:
-            chunks = decode(e.target_lm, drafter, rule, self.prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens,
-                            e.stop_ids, self.stats)
+            chunks = decode(
+                e.target_lm,
+                drafter,
+                rule,
+                self.prompt_ids,
+                cfg.max_new_tokens,
+                cfg.num_draft_tokens,
+                e.stop_ids,
+                self.stats,
+            )
         try:
             first = True
             for tokens in chunks:
@@ -186,8 +210,15 @@ class Engine:
     >>> print(eng.generate("Write a haiku about caches.", cfg).text)
     """
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, cache_implementation: str = "dynamic",
-                 compile: bool = False, max_cache_len: int = DEFAULT_MAX_CACHE_LEN, compile_backend: str = "inductor"):
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        cache_implementation: str = "dynamic",
+        compile: bool = False,
+        max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
+        compile_backend: str = "inductor",
+    ):
         """``cache_implementation`` (transformers' name): ``dynamic`` (a growing ``DynamicCache``) or
         ``static`` (preallocated at ``max_cache_len`` positions, full-attention models; SpecGuard needs
         ``dynamic``); ``compile``: ``torch.compile`` the fixed-shape forwards on the static cache, CUDA
@@ -200,16 +231,21 @@ class Engine:
         def lm(model):
             if is_gguf(model):  # --quantize int4: llama.cpp's forward and cache
                 if cache_implementation != "dynamic" or compile:
-                    raise LoosespecError("a model run by llama.cpp (--quantize int4) keeps llama.cpp's own cache: "
-                                         "cache_implementation 'static' and compile do not apply")
+                    raise LoosespecError(
+                        "a model run by llama.cpp (--quantize int4) keeps llama.cpp's own cache: "
+                        "cache_implementation 'static' and compile do not apply"
+                    )
                 return GgufLM(model)
             if cache_implementation == "static":
                 return StaticCachedLM(model, max_cache_len, compile, compile_backend)
             return CachedLM(model)
 
         # a draft with another vocabulary drafts through text, or samples in the shared vocabulary (loosespec.drafters.bridge)
-        self.bridge = (TokenizerBridge(target.tokenizer, draft.tokenizer)
-                       if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer) else None)
+        self.bridge = (
+            TokenizerBridge(target.tokenizer, draft.tokenizer)
+            if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer)
+            else None
+        )
         self.target = target
         self.draft = draft
         self.tokenizer = target.tokenizer
@@ -224,14 +260,22 @@ class Engine:
         self._intersection: VocabIntersection | None = None
 
     @classmethod
-    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, *, progress: bool = True,
-             torch_draft: bool = False, **options) -> "Engine":
+    def load(
+        cls,
+        target: str = DEFAULT_TARGET,
+        draft: str | None = DEFAULT_DRAFT,
+        *,
+        progress: bool = True,
+        torch_draft: bool = False,
+        **options,
+    ) -> "Engine":
         """Load ``target`` and ``draft`` (None or ``"none"``: no draft model; ``"auto"``: the default draft for the
         default target) with ``options``, the other fields of :class:`~loosespec.loading.LoadConfig` by name
         (``dtype``, ``quantize``, ``draft_quantize``, ``device``, ``revision``, ``draft_revision``,
         ``cache_implementation``, ``compile``, ``max_cache_len``; their defaults there): :meth:`load_from`."""
-        return cls.load_from(LoadConfig(target=target, draft=draft, **options), progress=progress,
-                             torch_draft=torch_draft)
+        return cls.load_from(
+            LoadConfig(target=target, draft=draft, **options), progress=progress, torch_draft=torch_draft
+        )
 
     @classmethod
     def load_from(cls, cfg: LoadConfig, *, progress: bool = True, torch_draft: bool = False) -> "Engine":
@@ -247,17 +291,29 @@ class Engine:
         from loosespec.models import check_revision
 
         if cfg.draft_quantize not in QUANTIZE_CHOICES:
-            raise LoosespecError(f"unknown quantize '{cfg.draft_quantize}' for the draft (--draft-quantize); choose "
-                                 f"one of: {', '.join(QUANTIZE_CHOICES)}")
+            raise LoosespecError(
+                f"unknown quantize '{cfg.draft_quantize}' for the draft (--draft-quantize); choose "
+                f"one of: {', '.join(QUANTIZE_CHOICES)}"
+            )
         draft = cfg.draft_model
         log.debug("loading %s (draft %s; torch_draft %s)", cfg, draft or "none", torch_draft)
         check_revision(cfg.target, cfg.revision, "--revision")
         if draft is not None:
             check_revision(draft, cfg.draft_revision, "--draft-revision")
         t = load(cfg.target, cfg.dtype, cfg.device, progress, cfg.quantize, revision=cfg.revision)
-        d = (load(draft, cfg.dtype, str(t.model.device), progress, draft_quantize_for(cfg.quantize, cfg.draft_quantize),
-                  draft_role(torch_draft), revision=cfg.draft_revision)
-             if draft is not None else None)
+        d = (
+            load(
+                draft,
+                cfg.dtype,
+                str(t.model.device),
+                progress,
+                draft_quantize_for(cfg.quantize, cfg.draft_quantize),
+                draft_role(torch_draft),
+                revision=cfg.draft_revision,
+            )
+            if draft is not None
+            else None
+        )
         e = cls(t, d, cfg.cache_implementation, cfg.compile, cfg.max_cache_len)
         e.progress = progress
         return e
@@ -287,8 +343,9 @@ class Engine:
             self._embedders[name] = DraftEmbedder() if name == "draft" else SentenceEmbedder(self.device)
         return self._embedders[name]
 
-    def build(self, cfg: DecodeConfig, prompt_ids: torch.Tensor | None = None
-              ) -> tuple[Drafter | None, Rule, torch.Generator]:
+    def build(
+        self, cfg: DecodeConfig, prompt_ids: torch.Tensor | None = None
+    ) -> tuple[Drafter | None, Rule, torch.Generator]:
         """The drafter and rule a config asks for, and a fresh seeded generator they share; ``prompt_ids``:
         the request's prompt (FLy's copy guard compares drafts with it). The method
         (:class:`~loosespec.methods.Method`) says how its draft samples and which rule it verifies with, the drafter
@@ -299,8 +356,10 @@ class Engine:
         method = METHODS[cfg.method]
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         if method.step_level and self.cache_implementation != "dynamic":
-            raise LoosespecError(f"method '{cfg.method}' needs cache_implementation 'dynamic': it copies the draft's "
-                                 "cache per step and grows it along a batch of candidates")
+            raise LoosespecError(
+                f"method '{cfg.method}' needs cache_implementation 'dynamic': it copies the draft's "
+                "cache per step and grows it along a batch of candidates"
+            )
         if method.needs_draft_model and self.draft_lm is None:
             raise LoosespecError(f"method '{cfg.method}' needs a draft model (--draft): it drafts whole steps with it")
         if method.torch_draft and any(is_gguf(m.model) for m in (self.target, self.draft)):
@@ -314,8 +373,9 @@ class Engine:
         self._check_rollback(cfg)
         tli = self.bridge is not None and with_model and method.needs_draft_probs(cfg, sampling)
         if tli:  # rejection sampling across vocabularies: draft inside the shared vocabulary (bridge.py)
-            draft_sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k,
-                                            vocab_mask=self.intersection().draft_mask)
+            draft_sampling = SamplingParams(
+                cfg.temperature, cfg.top_p, cfg.top_k, vocab_mask=self.intersection().draft_mask
+            )
         elif self.bridge is not None:  # greedy drafting, the proposal carried over as text
             draft_sampling = SamplingParams(0.0)
         drafter: Drafter | None = None
@@ -333,8 +393,15 @@ class Engine:
 
     def _draft_parts(self, cfg: DecodeConfig, sampling: SamplingParams, generator: torch.Generator) -> DraftParts:
         """What the drafter table's factories build a drafter from."""
-        return DraftParts(cfg, self.draft_lm, sampling, generator, self.stop_ids, self._draft_side_stops(),
-                          METHODS[cfg.method].full_drafts)
+        return DraftParts(
+            cfg,
+            self.draft_lm,
+            sampling,
+            generator,
+            self.stop_ids,
+            self._draft_side_stops(),
+            METHODS[cfg.method].full_drafts,
+        )
 
     def _check_rollback(self, cfg: DecodeConfig) -> None:
         """Speculation rolls caches back (rejected drafts): refuse it up front for a model whose cache cannot
@@ -348,8 +415,10 @@ class Engine:
         for loaded, lm in lms:
             problem = lm.rollback_problem
             if problem:
-                raise LoosespecError(f"method '{cfg.method}' cannot run on '{loaded.name}': {problem}; "
-                                     "method 'ar' can (it never rolls back)")
+                raise LoosespecError(
+                    f"method '{cfg.method}' cannot run on '{loaded.name}': {problem}; "
+                    "method 'ar' can (it never rolls back)"
+                )
 
     def _cost_aware(self, drafter, cfg: DecodeConfig, generator: torch.Generator):
         """The drafter behind the cost-aware draft length (loosespec.decode.draftlen), priced by the cost curves:
@@ -370,26 +439,39 @@ class Engine:
         entry = DRAFTERS[cfg.drafter]
 
         # a loose rule's deferrals are priced too (FLy): one estimate shared by the levels, as the gate is the target's
-        shared = (LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens)
-                  if METHODS[cfg.method].loose_window else None)
+        shared = (
+            LoosePrices(cfg.fly_window_size, cfg.fly_boundary, cfg.num_draft_tokens)
+            if METHODS[cfg.method].loose_window
+            else None
+        )
 
         def loose():
             return shared
 
         if not entry.needs_draft_model:  # a free level: drafting costs no forward
-            return CostAwareDrafter([Level(entry.level, drafter, DraftLengthPolicy(target_cost, 0.0, k,
-                                                                                   loose=loose()))])
+            return CostAwareDrafter(
+                [Level(entry.level, drafter, DraftLengthPolicy(target_cost, 0.0, k, loose=loose()))]
+            )
         draft_lm = self.draft_lm
         draft_lm.cost = self.cost_curve("draft", cfg.mla_lookup_tokens + 1)
         # a forward per drafted token until the first rounds say otherwise
-        model = Level(entry.level, drafter, DraftLengthPolicy(target_cost, draft_lm.cost(1), k,
-                                                              AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN),
-                                                              loose=loose()), draft_lm)
+        model = Level(
+            entry.level,
+            drafter,
+            DraftLengthPolicy(
+                target_cost, draft_lm.cost(1), k, AcceptanceEstimate(k, prior_mean=MODEL_PRIOR_MEAN), loose=loose()
+            ),
+            draft_lm,
+        )
         if self.bridge is not None:  # the cheaper levels work in the target's ids: not across tokenizers
             return CostAwareDrafter([model])
         parts = self._draft_parts(cfg, SamplingParams(0.0), generator)  # the cheaper levels are free lookups
-        cheaper = [Level(DRAFTERS[name].level, DRAFTERS[name].build(parts),
-                         DraftLengthPolicy(target_cost, 0.0, k, loose=loose())) for name in entry.levels]
+        cheaper = [
+            Level(
+                DRAFTERS[name].level, DRAFTERS[name].build(parts), DraftLengthPolicy(target_cost, 0.0, k, loose=loose())
+            )
+            for name in entry.levels
+        ]
         return CostAwareDrafter([*cheaper, model])
 
     def _draft_side_stops(self) -> frozenset[int]:
@@ -399,13 +481,15 @@ class Engine:
     def intersection(self) -> VocabIntersection:
         """The vocabulary draft and target share (built on first use; a draft of another tokenizer only)."""
         if self._intersection is None:
-            self._intersection = VocabIntersection.between(self.tokenizer, self.draft.tokenizer,
-                                                           _output_rows(self.target.model),
-                                                           _output_rows(self.draft.model))
+            self._intersection = VocabIntersection.between(
+                self.tokenizer, self.draft.tokenizer, _output_rows(self.target.model), _output_rows(self.draft.model)
+            )
             if len(self._intersection) == 0:
-                raise LoosespecError(f"draft '{self.draft.name}' and target '{self.target.name}' share no token: "
-                                     "rejection sampling across them is impossible; use --temperature 0 or "
-                                     "--drafter ngram")
+                raise LoosespecError(
+                    f"draft '{self.draft.name}' and target '{self.target.name}' share no token: "
+                    "rejection sampling across them is impossible; use --temperature 0 or "
+                    "--drafter ngram"
+                )
         return self._intersection
 
     def config_dict(self, cfg: DecodeConfig, raw: bool) -> dict:
@@ -415,8 +499,12 @@ class Engine:
         def model_info(m: LoadedModel | None):
             if m is None:
                 return None
-            info = {"spec": m.source.spec, "kind": m.source.kind, "revision": m.source.revision,
-                    "dtype": str(next(m.model.parameters()).dtype).replace("torch.", "")}
+            info = {
+                "spec": m.source.spec,
+                "kind": m.source.kind,
+                "revision": m.source.revision,
+                "dtype": str(next(m.model.parameters()).dtype).replace("torch.", ""),
+            }
             if m.source.requested_revision is not None:  # --revision, as asked (a branch, tag or commit)
                 info["requested_revision"] = m.source.requested_revision
             return info
@@ -426,11 +514,21 @@ class Engine:
         def precision(m: LoadedModel | None):
             return m.precision.to_dict() if m is not None and m.precision is not None else None
 
-        return {**cfg.to_dict(), "target": model_info(self.target), "draft": model_info(self.draft),
-                "precision": precision(self.target), "draft_precision": precision(self.draft),
-                "hardware": describe_device(self.device), "device": str(self.device), "raw": raw,
-                "cache_implementation": self.cache_implementation, "compile": self.compile, "loosespec": __version__, "torch": torch.__version__,
-                "transformers": transformers.__version__}
+        return {
+            **cfg.to_dict(),
+            "target": model_info(self.target),
+            "draft": model_info(self.draft),
+            "precision": precision(self.target),
+            "draft_precision": precision(self.draft),
+            "hardware": describe_device(self.device),
+            "device": str(self.device),
+            "raw": raw,
+            "cache_implementation": self.cache_implementation,
+            "compile": self.compile,
+            "loosespec": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }
 
     def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:
         if isinstance(prompt, torch.Tensor) or hasattr(prompt, "keys") and "input_ids" in prompt:
@@ -441,6 +539,7 @@ class Engine:
             raise LoosespecError("empty prompt")
         return Generation(self, ids, cfg, self.config_dict(cfg, raw))
 
-    def generate(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig,
-                 raw: bool = False) -> GenerationResult:
+    def generate(
+        self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False
+    ) -> GenerationResult:
         return self.stream(prompt, cfg, raw).result()

@@ -54,8 +54,10 @@ def _import():
         import llama_cpp
         from llama_cpp import _internals
     except ImportError as e:
-        raise LoosespecError("--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
-                             "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'") from e
+        raise LoosespecError(
+            "--quantize int4 runs the GGUF weights in llama.cpp and needs llama-cpp-python "
+            "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'"
+        ) from e
     return llama_cpp, _internals
 
 
@@ -90,8 +92,10 @@ class GgufModel(torch.nn.Module):
         raise LoosespecError(REFUSAL)
 
 
-REFUSAL = ("this model runs in llama.cpp (--quantize int4), which returns logits only: SpecGuard's attention "
-           "grounding and transformers' generate peers need a transformers model; use --quantize int8 or none")
+REFUSAL = (
+    "this model runs in llama.cpp (--quantize int4), which returns logits only: SpecGuard's attention "
+    "grounding and transformers' generate peers need a transformers model; use --quantize int8 or none"
+)
 
 
 def is_gguf(model) -> bool:
@@ -102,8 +106,14 @@ class GgufLM:
     """A llama.cpp context over one GGUF file, with the interface of :class:`~loosespec.decode.kv.CachedLM`:
     :meth:`logits`, :meth:`prefill`, :meth:`reset`, the forward count and the modelled cost."""
 
-    def __init__(self, model: GgufModel, threads: int | None = None, n_ctx: int | None = None,
-                 repack: bool = REPACK, flash_attn: int = FLASH_ATTN):
+    def __init__(
+        self,
+        model: GgufModel,
+        threads: int | None = None,
+        n_ctx: int | None = None,
+        repack: bool = REPACK,
+        flash_attn: int = FLASH_ATTN,
+    ):
         self.repack, self.flash_attn = repack, flash_attn
         self.model = model
         self.device = torch.device("cpu")
@@ -156,8 +166,9 @@ class GgufLM:
         cache lacks (as :meth:`CachedLM.logits`)."""
         length = int(seq.shape[0])
         if length > self.max_positions:
-            raise LoosespecError(f"sequence of {length} tokens exceeds the llama.cpp context of {self.max_positions} "
-                                 "positions")
+            raise LoosespecError(
+                f"sequence of {length} tokens exceeds the llama.cpp context of {self.max_positions} positions"
+            )
         if not 1 <= rows <= min(length, N_BATCH):
             raise LoosespecError(f"rows must be in 1..{min(length, N_BATCH)}, got {rows}")
         keep = min(common_prefix_len(self.ids, seq), length - rows)

@@ -55,13 +55,16 @@ def _layer_kinds():
 def rollback_problem(cache) -> str | None:
     """Why :func:`rollback` cannot shorten ``cache``, or None when it can (every layer of a known kind)."""
     croppable, sliding = _layer_kinds()
-    bad = sorted({type(layer).__name__ for layer in cache.layers
-                  if type(layer) not in croppable and type(layer) is not sliding})
+    bad = sorted(
+        {type(layer).__name__ for layer in cache.layers if type(layer) not in croppable and type(layer) is not sliding}
+    )
     if not bad:
         return None
-    return (f"its cache has {', '.join(bad)} layers, which loosespec cannot roll back (it rolls back attention "
-            "layers only: full, sliding-window, chunked; a linear-attention, convolutional or state-space layer keeps "
-            "a running state, not one entry per position)")
+    return (
+        f"its cache has {', '.join(bad)} layers, which loosespec cannot roll back (it rolls back attention "
+        "layers only: full, sliding-window, chunked; a linear-attention, convolutional or state-space layer keeps "
+        "a running state, not one entry per position)"
+    )
 
 
 def _window_fits(layer, excess: int) -> bool:
@@ -170,8 +173,7 @@ class CachedLM:
             keep = 0
         new = seq[keep:].unsqueeze(0).to(self.device)  # [1, L - keep]
         try:
-            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=rows,
-                             **outputs)
+            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=rows, **outputs)
         except BaseException:
             self.reset()  # a forward that died half-way leaves layers of different lengths
             raise
@@ -235,8 +237,13 @@ class StaticCachedLM(CachedLM):
     use ``eager``: dynamo's tracing and the padding, without inductor's minutes).
     """
 
-    def __init__(self, model: torch.nn.Module, max_cache_len: int = DEFAULT_MAX_CACHE_LEN, compile: bool = False,
-                 compile_backend: str = "inductor"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
+        compile: bool = False,
+        compile_backend: str = "inductor",
+    ):
         from transformers.cache_utils import StaticLayer
 
         if max_cache_len < 1:
@@ -249,13 +256,18 @@ class StaticCachedLM(CachedLM):
             raise LoosespecError(
                 f"cache_implementation 'static' needs full attention in every layer; this model's static cache has "
                 f"{', '.join(kinds)} layers, which loosespec cannot roll back in place: use cache_implementation "
-                "'dynamic'")
+                "'dynamic'"
+            )
         self.compiled_forwards = 0  # forwards that ran the compiled graph
         self._compiled = None
         if compile:
             mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs where there are some
-            self._compiled = torch.compile(model.forward, backend=compile_backend,
-                                           mode=mode if compile_backend == "inductor" else None, dynamic=False)
+            self._compiled = torch.compile(
+                model.forward,
+                backend=compile_backend,
+                mode=mode if compile_backend == "inductor" else None,
+                dynamic=False,
+            )
 
     def reset(self) -> None:
         from transformers import StaticCache
@@ -287,21 +299,32 @@ class StaticCachedLM(CachedLM):
         if self._compiled is not None and keep > 0 and not outputs:
             bucket = next((b for b in STATIC_BUCKETS if b >= n and keep + b <= self.max_cache_len), None)
         if keep + (bucket or n) > self.max_cache_len:
-            raise LoosespecError(f"sequence of {length} tokens exceeds the static cache's {self.max_cache_len} "
-                                 "positions: raise max_cache_len (--max-cache-len)")
+            raise LoosespecError(
+                f"sequence of {length} tokens exceeds the static cache's {self.max_cache_len} "
+                "positions: raise max_cache_len (--max-cache-len)"
+            )
         self._set_length(keep)
         new = seq[keep:]
         try:
             if bucket is None:
-                out = self.model(input_ids=new.unsqueeze(0).to(self.device), past_key_values=self.cache,
-                                 use_cache=True, logits_to_keep=rows, **outputs)
+                out = self.model(
+                    input_ids=new.unsqueeze(0).to(self.device),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=rows,
+                    **outputs,
+                )
                 self._length = keep + n  # the forward advanced the counters itself
             else:
                 fed = torch.cat([new, new.new_zeros(bucket - n)]) if bucket > n else new
-                out = self._compiled(input_ids=fed.unsqueeze(0).to(self.device), past_key_values=self.cache,
-                                     use_cache=True, logits_to_keep=bucket)
+                out = self._compiled(
+                    input_ids=fed.unsqueeze(0).to(self.device),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=bucket,
+                )
                 # a copy: a CUDA graph's next replay overwrites its output buffers
-                out.logits = out.logits[:, n - rows:n].clone()
+                out.logits = out.logits[:, n - rows : n].clone()
                 self._length = keep + bucket  # where the forward left the counters
                 self._set_length(keep + n)  # the padding is not part of the sequence
                 self.compiled_forwards += 1

@@ -148,10 +148,16 @@ class Stats:
         def mean(key: str) -> float:
             return round(sum(r[key] for r in self.steps) / n, 4)
 
-        return {"steps": n, "accepted_steps": accepted, "target_steps": n - accepted,
-                "candidates_drafted": self.candidates_drafted, "step_accept_rate": round(accepted / n, 4),
-                "mean_grounding": mean("grounding"), "mean_confidence": mean("confidence"),
-                "mean_score": mean("score")}
+        return {
+            "steps": n,
+            "accepted_steps": accepted,
+            "target_steps": n - accepted,
+            "candidates_drafted": self.candidates_drafted,
+            "step_accept_rate": round(accepted / n, 4),
+            "mean_grounding": mean("grounding"),
+            "mean_confidence": mean("confidence"),
+            "mean_score": mean("score"),
+        }
 
     @property
     def mean_accepted_length(self) -> float:
@@ -183,8 +189,11 @@ class Stats:
             "wall_s": round(self.wall_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
-            **({"draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())}}
-               if self.draft_lengths else {}),
+            **(
+                {"draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())}}
+                if self.draft_lengths
+                else {}
+            ),
             **({"precision": self.precision} if self.precision else {}),
             **self.events,
             **self.step_summary(),

@@ -60,8 +60,14 @@ class Candidate:
     hidden: torch.Tensor  # [D] mean of the draft's last hidden state at the candidate's own token positions
 
 
-def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperature: float,
-                    generator: torch.Generator | None, done: Callable[[list[int]], bool]) -> Candidate:
+def draft_candidate(
+    lm: CachedLM,
+    seq: torch.Tensor,
+    max_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    done: Callable[[list[int]], bool],
+) -> Candidate:
     """One step from the draft model: greedy when ``temperature`` is 0, else sampled.
 
     Its embedding is the mean of the draft's last hidden state at the candidate's own tokens: the
@@ -71,8 +77,7 @@ def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperatur
     tokens: list[int] = []
     logprobs, states = [], []
     for _ in range(max_tokens):
-        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1,
-                         output_hidden_states=True)
+        out = lm.forward(torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), rows=1, output_hidden_states=True)
         logits = out.logits[0, -1].float()  # [V]
         if tokens:
             states.append(out.hidden_states[-1][0, -1].float())  # [D] at the last token of the candidate
@@ -90,8 +95,15 @@ def draft_candidate(lm: CachedLM, seq: torch.Tensor, max_tokens: int, temperatur
 
 
 @torch.inference_mode()
-def draft_candidates(lm: CachedLM, seq: torch.Tensor, count: int, max_tokens: int, temperature: float,
-                     generator: torch.Generator | None, done: Callable[[list[int]], bool]) -> list[Candidate]:
+def draft_candidates(
+    lm: CachedLM,
+    seq: torch.Tensor,
+    count: int,
+    max_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    done: Callable[[list[int]], bool],
+) -> list[Candidate]:
     """``count`` candidates drafted together, the first greedy and the others sampled at ``temperature``:
     one forward per position for all of them (a batch of ``count`` one-token rows on a copy of the
     context's cache, repeated along the batch), instead of one candidate after another.
@@ -130,8 +142,9 @@ def draft_candidates(lm: CachedLM, seq: torch.Tensor, count: int, max_tokens: in
                 if done(tokens[i]) or len(tokens[i]) >= max_tokens:
                     finished[i] = True
         feed = torch.tensor([t[-1] for t in tokens], dtype=torch.long)[:, None].to(lm.device)  # [count, 1]
-        out = lm.model(input_ids=feed, past_key_values=cache, use_cache=True, output_hidden_states=True,
-                       logits_to_keep=1)
+        out = lm.model(
+            input_ids=feed, past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1
+        )
         lm.forwards += 1
         if lm.cost is not None:
             lm.modelled_s += lm.cost(count)  # count rows of one token: priced as a forward over count tokens
@@ -143,8 +156,10 @@ def draft_candidates(lm: CachedLM, seq: torch.Tensor, count: int, max_tokens: in
         if all(closed):
             break
         logits = out.logits[:, -1].float()
-    return [Candidate(t, torch.stack(lp).cpu(), torch.stack(st).mean(dim=0).cpu())
-            for t, lp, st in zip(tokens, logprobs, states)]
+    return [
+        Candidate(t, torch.stack(lp).cpu(), torch.stack(st).mean(dim=0).cpu())
+        for t, lp, st in zip(tokens, logprobs, states)
+    ]
 
 
 @contextlib.contextmanager
@@ -185,6 +200,7 @@ def last_attentions(lm: CachedLM, seq: torch.Tensor, rows: int, layers: int) -> 
         def hook(module, args, out):
             if isinstance(out, tuple) and len(out) > 1 and isinstance(out[1], torch.Tensor):
                 kept[i] = out[1]
+
         return hook
 
     handles = [m.register_forward_hook(keep(i)) for i, m in enumerate(mods)]
@@ -207,20 +223,23 @@ def attention_profile(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> tor
     """Where a candidate step looks: the draft's attention of the step's tokens over the context (the prompt
     and the steps accepted so far), averaged over the last ROLLOUT_LAYERS layers, heads and step tokens, and
     normalised to sum 1. [len(seq)]. One eager-attention draft forward over the candidate (context cached)."""
-    attentions = last_attentions(lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens),
-                                 ROLLOUT_LAYERS)
+    attentions = last_attentions(
+        lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens), ROLLOUT_LAYERS
+    )
     ctx = int(seq.shape[0])
-    rows = torch.stack([a[0, :, -len(tokens):, :ctx].float().mean(dim=(0, 1)).cpu()
-                        for a in attentions])  # [layers, ctx]
+    rows = torch.stack(
+        [a[0, :, -len(tokens) :, :ctx].float().mean(dim=(0, 1)).cpu() for a in attentions]
+    )  # [layers, ctx]
     profile = rows.mean(dim=0)
     return profile / profile.sum().clamp_min(1e-12)
 
 
 def grounding(lm: CachedLM, seq: torch.Tensor, tokens: list[int]) -> float:
     """G of a step: one draft forward over it (context cached) with eager attention."""
-    attentions = last_attentions(lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens),
-                                 ROLLOUT_LAYERS)
-    rows = [a[0, :, -len(tokens):].cpu() for a in attentions]  # per layer [H, S, L]
+    attentions = last_attentions(
+        lm, torch.cat([seq, torch.tensor(tokens, dtype=torch.long)]), len(tokens), ROLLOUT_LAYERS
+    )
+    rows = [a[0, :, -len(tokens) :].cpu() for a in attentions]  # per layer [H, S, L]
     return grounding_from_step_rows(rows, int(seq.shape[0]))
 
 
@@ -245,7 +264,8 @@ class SentenceEmbedder:
         except ImportError as e:
             raise LoosespecError(
                 "sg_embedder 'sentence-transformer' needs the optional dependencies: "
-                "pip install 'loosespec[sentence-transformer]'") from e
+                "pip install 'loosespec[sentence-transformer]'"
+            ) from e
         self.model = SentenceTransformer(str(path), device=str(device))
 
     def __call__(self, candidates: list[Candidate], texts: list[str]) -> torch.Tensor:
@@ -267,10 +287,10 @@ class CandidateFirst(Drafter):
         self.start, self.rest = start, rest
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
-        written = seq[self.start:]
+        written = seq[self.start :]
         n = written.shape[0]
         if n < self.candidate.shape[0] and torch.equal(written, self.candidate[:n]):
-            return Draft(self.candidate[n:n + k])
+            return Draft(self.candidate[n : n + k])
         return self.rest.propose(seq, k) if self.rest is not None else EMPTY_DRAFT
 
 
@@ -315,8 +335,10 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         if cfg.sg_batch_candidates:
             cands = draft_candidates(draft, dseq, cfg.sg_candidates, cap, cfg.sg_temperature, generator, draft_done)
         else:
-            cands = [draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
-                     for i in range(cfg.sg_candidates)]
+            cands = [
+                draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
+                for i in range(cfg.sg_candidates)
+            ]
         # 2. the most consistent one: by what the candidates say (embeddings) or where they look (attention)
         if cfg.sg_select == "attention" and len(cands) > 2:
             vectors = torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands])
@@ -328,18 +350,25 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         c = step_confidence(best.logprobs, cfg.sg_confidence)
         s = step_score(c, g, cfg.sg_beta)
         step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
-        record = {"tokens": len(step), "grounding": g, "confidence": c, "score": s,
-                  "accepted": accept_step(s, cfg.sg_tau) and bool(step), "agrees": None, "agreed_prefix": None,
-                  # both confidence variants and the candidate itself, for the calibration (loosespec calibrate)
-                  "confidence_min": step_confidence(best.logprobs, "min"),
-                  "confidence_mean": step_confidence(best.logprobs, "mean"), "candidate": list(step)}
+        record = {
+            "tokens": len(step),
+            "grounding": g,
+            "confidence": c,
+            "score": s,
+            "accepted": accept_step(s, cfg.sg_tau) and bool(step),
+            "agrees": None,
+            "agreed_prefix": None,
+            # both confidence variants and the candidate itself, for the calibration (loosespec calibrate)
+            "confidence_min": step_confidence(best.logprobs, "min"),
+            "confidence_mean": step_confidence(best.logprobs, "mean"),
+            "candidate": list(step),
+        }
         # 4. accept: the draft's step, no target forward
         if record["accepted"]:
             tokens = step
         # 5. reject: the target writes the step, with the candidate as first draft or alone
         else:
-            assist = (CandidateFirst(step, int(seq.shape[0]), drafter)
-                      if cfg.sg_on_reject == "draft-assisted" else None)
+            assist = CandidateFirst(step, int(seq.shape[0]), drafter) if cfg.sg_on_reject == "draft-assisted" else None
             tokens = []
             for chunk in token_decode(target, assist, rule, seq, cap, cfg.num_draft_tokens, stop_ids, stats):
                 tokens += chunk
@@ -349,8 +378,9 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
             stats.uncommit(len(tokens) - len(cut))  # rounds may run past the delimiter: count what is kept
             tokens = cut
             record["agrees"] = tokens == step
-            record["agreed_prefix"] = common_prefix_len(torch.tensor(tokens, dtype=torch.long),
-                                                        torch.tensor(step, dtype=torch.long))
+            record["agreed_prefix"] = common_prefix_len(
+                torch.tensor(tokens, dtype=torch.long), torch.tensor(step, dtype=torch.long)
+            )
         record["written"] = len(tokens)
         stats.record_step(record, candidates=len(cands))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])

@@ -68,12 +68,12 @@ class _StreamDecoder:
         if self._backend is not None:
             return self._stream.step(self._backend, int(token_id)) or ""
         self._ids.append(int(token_id))
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        new_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
 
 class TextAssembler:
@@ -116,7 +116,7 @@ class TextAssembler:
         if at >= 0:
             self.stopped = True
             for n in range(before + 1, len(self.token_ids) + 1):  # fewest tokens that complete a stop
-                if self._find_stop(full[search_from:self._ends[n - 1]], 0) >= 0:
+                if self._find_stop(full[search_from : self._ends[n - 1]], 0) >= 0:
                     del self.token_ids[n:]
                     break
             return self._release(at)
@@ -138,7 +138,7 @@ class TextAssembler:
         full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         if len(full) <= len(self.text) or not full.startswith(self.text):
             return ""
-        delta = full[len(self.text):]
+        delta = full[len(self.text) :]
         self.text = full
         return delta
 
@@ -146,6 +146,6 @@ class TextAssembler:
         """Release the decoded text up to ``end`` (the released text is always a prefix of it)."""
         if end <= len(self.text):
             return ""
-        delta = self._full[len(self.text):end]
+        delta = self._full[len(self.text) : end]
         self.text += delta
         return delta

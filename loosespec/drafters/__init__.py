@@ -74,20 +74,49 @@ def _model(p: DraftParts) -> Drafter:
 def _mla(p: DraftParts) -> Drafter:
     from loosespec.drafters.mla import MlaDrafter
 
-    return MlaDrafter(p.lm, p.sampling, p.generator, p.draft_stop_ids, max_ngram=4,
-                      lookup_tokens=p.cfg.mla_lookup_tokens, min_ngram=p.cfg.prompt_lookup_min)
+    return MlaDrafter(
+        p.lm,
+        p.sampling,
+        p.generator,
+        p.draft_stop_ids,
+        max_ngram=4,
+        lookup_tokens=p.cfg.mla_lookup_tokens,
+        min_ngram=p.cfg.prompt_lookup_min,
+    )
 
 
 # Draft length per round when --num-draft-tokens is not given: PLD's 10 for n-gram lookup, FLy's K = 15 for MLA;
 # 8 for a plain draft model (it stops earlier on low confidence anyway).
-DRAFTERS: dict[str, DrafterEntry] = {d.name: d for d in (
-    DrafterEntry("ngram", "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
-                 needs_draft_model=False, num_draft_tokens=10, level="lookup", build=_ngram),
-    DrafterEntry("model", "a small draft model, autoregressive", needs_draft_model=True, num_draft_tokens=8,
-                 level="model", build=_model),
-    DrafterEntry("mla", "draft model accelerated by n-gram lookup (FLy's multi-level acceleration)",
-                 needs_draft_model=True, num_draft_tokens=15, level="model", build=_mla, levels=("ngram",)),
-)}
+DRAFTERS: dict[str, DrafterEntry] = {
+    d.name: d
+    for d in (
+        DrafterEntry(
+            "ngram",
+            "prompt lookup: copy what followed an earlier occurrence of the last n-gram",
+            needs_draft_model=False,
+            num_draft_tokens=10,
+            level="lookup",
+            build=_ngram,
+        ),
+        DrafterEntry(
+            "model",
+            "a small draft model, autoregressive",
+            needs_draft_model=True,
+            num_draft_tokens=8,
+            level="model",
+            build=_model,
+        ),
+        DrafterEntry(
+            "mla",
+            "draft model accelerated by n-gram lookup (FLy's multi-level acceleration)",
+            needs_draft_model=True,
+            num_draft_tokens=15,
+            level="model",
+            build=_mla,
+            levels=("ngram",),
+        ),
+    )
+}
 
 
 def default_drafter(has_draft_model: bool) -> str:
@@ -103,9 +132,14 @@ def drafter_needs_draft_model(name: str | None) -> bool:
     return entry is not None and entry.needs_draft_model
 
 
-_LAZY = {"Draft": "loosespec.drafters.base", "Drafter": "loosespec.drafters.base",
-         "NgramDrafter": "loosespec.drafters.ngram", "ngram_lookup": "loosespec.drafters.ngram",
-         "ModelDrafter": "loosespec.drafters.model", "MlaDrafter": "loosespec.drafters.mla"}
+_LAZY = {
+    "Draft": "loosespec.drafters.base",
+    "Drafter": "loosespec.drafters.base",
+    "NgramDrafter": "loosespec.drafters.ngram",
+    "ngram_lookup": "loosespec.drafters.ngram",
+    "ModelDrafter": "loosespec.drafters.model",
+    "MlaDrafter": "loosespec.drafters.mla",
+}
 
 __all__ = ["DRAFTERS", "DrafterEntry", "DraftParts", "default_drafter", "drafter_needs_draft_model", *_LAZY]
 

@@ -74,20 +74,20 @@ class TokenizerBridge:
         """Target ids for the text the draft's ``proposal`` adds after ``draft_ids``."""
         if not proposal:
             return []
-        ctx = draft_ids[-self.lookbehind:].tolist()
+        ctx = draft_ids[-self.lookbehind :].tolist()
         before = self.draft.decode(ctx, skip_special_tokens=False)
         after = self.draft.decode(ctx + proposal, skip_special_tokens=False)
         if not after.startswith(before):  # a character completed across the boundary
             k = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
             before = before[:k]
-        new_text = after[len(before):].rstrip("\ufffd")  # hold back a character cut in half
+        new_text = after[len(before) :].rstrip("\ufffd")  # hold back a character cut in half
         if not new_text:
             return []
-        window = target_ids[-self.lookbehind:].tolist()
+        window = target_ids[-self.lookbehind :].tolist()
         wtext = self.target.decode(window, skip_special_tokens=False)
         ids = self.target.encode(wtext + new_text, add_special_tokens=False)
         if ids[: len(window)] == window and len(ids) > len(window):
-            return ids[len(window):]
+            return ids[len(window) :]
         return self.target.encode(new_text, add_special_tokens=False)
 
 
@@ -95,8 +95,13 @@ class DraftSide:
     """How SpecGuard's step loop reaches the draft model: its ids, end tokens and detokenizer, and
     the way back to target ids. Identity for a draft that shares the target's tokenizer."""
 
-    def __init__(self, detokenize, stop_ids: Collection[int], bridge: TokenizerBridge | None = None,
-                 target_eos: int | None = None):
+    def __init__(
+        self,
+        detokenize,
+        stop_ids: Collection[int],
+        bridge: TokenizerBridge | None = None,
+        target_eos: int | None = None,
+    ):
         self.detokenize = detokenize  # draft ids -> text
         self.stop_ids = frozenset(stop_ids)  # the draft's end tokens
         self.bridge = bridge

@@ -45,7 +45,6 @@ class MlaDrafter(Drafter):
         self.min_ngram = min_ngram
         self.lookup_tokens = lookup_tokens
 
-
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         out = seq[:0]
         probs: list[torch.Tensor] = []

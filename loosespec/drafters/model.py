@@ -36,7 +36,6 @@ class ModelDrafter(Drafter):
         self.stop_ids = frozenset(stop_ids)
         self.confidence_threshold = confidence_threshold
 
-
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         tokens: list[int] = []
         probs: list[torch.Tensor] = []

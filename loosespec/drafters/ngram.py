@@ -74,11 +74,11 @@ def ngram_lookup(
         if last < 0:
             continue
         windows = seq[: last + n].unfold(0, n, 1)  # [last + 1, n]: windows starting at 0 .. last
-        hits = (windows == seq[length - n:]).all(dim=1).nonzero()
+        hits = (windows == seq[length - n :]).all(dim=1).nonzero()
         if hits.numel() == 0:
             continue
         start = int(hits[0, 0]) + n
-        proposal = seq[start: start + num_tokens]
+        proposal = seq[start : start + num_tokens]
         if stop_ids:
             is_stop = torch.isin(proposal, torch.tensor(list(stop_ids), dtype=proposal.dtype))
             stops = is_stop.nonzero()

@@ -32,8 +32,11 @@ from loosespec.methods import BASELINE, Method  # noqa: F401 (BASELINE re-export
 
 HF_GENERATION_KWARGS = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}, "hf-assist": {}}
 HF_ASSISTED = ("hf-assist",)  # transformers' assisted generation: runs the draft model, as a transformers model
-SPECGUARD_PRESETS = {"specguard": {}, "specguard-regenerate": {"sg_on_reject": "regenerate"},
-                     "specguard-fly": {"sg_verify": "fly"}}
+SPECGUARD_PRESETS = {
+    "specguard": {},
+    "specguard-regenerate": {"sg_on_reject": "regenerate"},
+    "specguard-fly": {"sg_verify": "fly"},
+}
 STEP_PRESETS = {"specguard": SPECGUARD_PRESETS}  # a step-level method's bench names and their settings
 
 
@@ -77,8 +80,9 @@ def bench_methods() -> dict[str, BenchMethod]:
                     out[name] = BenchMethod(name, "loosespec", m.lossy, d.needs_draft_model, m, d)
             else:  # step-level: its presets (the default drafter drafts the rest of a target's step)
                 for name, overrides in STEP_PRESETS.get(m.name, {m.name: {}}).items():
-                    out[name] = BenchMethod(name, "loosespec", m.lossy, m.needs_draft_model, m, None, overrides,
-                                            m.torch_draft)
+                    out[name] = BenchMethod(
+                        name, "loosespec", m.lossy, m.needs_draft_model, m, None, overrides, m.torch_draft
+                    )
         for name in HF_GENERATION_KWARGS:
             assisted = name in HF_ASSISTED
             out[name] = BenchMethod(name, "hf", False, assisted, torch_draft=assisted)
@@ -116,8 +120,10 @@ def bench_method(name: str) -> BenchMethod:
     base, *parts = name.split(VARIANT_SEP)
     spec = known.get(base)
     if spec is None or not parts:
-        raise LoosespecError(f"unknown method '{name}'; choose from: {', '.join(known)} "
-                             f"(or a variant, e.g. fly-ngram{VARIANT_SEP}num_draft_tokens=5)")
+        raise LoosespecError(
+            f"unknown method '{name}'; choose from: {', '.join(known)} "
+            f"(or a variant, e.g. fly-ngram{VARIANT_SEP}num_draft_tokens=5)"
+        )
     if spec.kind != "loosespec":
         raise LoosespecError(f"'{name}': only loosespec's own methods take knob variants, not the peer '{base}'")
     overrides = dict(spec.overrides)
@@ -130,8 +136,9 @@ def bench_method(name: str) -> BenchMethod:
             overrides[knob] = validate_knob(knob, value)
         except ConfigError as e:
             raise LoosespecError(f"'{name}': {e.render('field')}") from None
-    return BenchMethod(name, spec.kind, spec.lossy, spec.needs_draft, spec.method, spec.drafter, overrides,
-                       spec.torch_draft)
+    return BenchMethod(
+        name, spec.kind, spec.lossy, spec.needs_draft, spec.method, spec.drafter, overrides, spec.torch_draft
+    )
 
 
 def variant_knobs(name: str) -> dict[str, str]:
@@ -181,16 +188,31 @@ def baseline_of(method: str, methods: Sequence[str]) -> str:
     return VLLM_BASELINE if is_vllm_method(method) and VLLM_BASELINE in methods else BASELINE
 
 
-def method_config(method: str, *, max_new_tokens: int, temperature: float, seed: int, has_draft: bool,
-                  sg_tau: float | None = None, top_p: float = knob_default("top_p"),
-                  top_k: int = knob_default("top_k"),
-                  adaptive_draft_length: bool = knob_default("adaptive_draft_length")) -> DecodeConfig | None:
+def method_config(
+    method: str,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    has_draft: bool,
+    sg_tau: float | None = None,
+    top_p: float = knob_default("top_p"),
+    top_k: int = knob_default("top_k"),
+    adaptive_draft_length: bool = knob_default("adaptive_draft_length"),
+) -> DecodeConfig | None:
     """The DecodeConfig of a loosespec method (None for the transformers, llama.cpp and vLLM peers)."""
     spec = bench_method(method)
     if spec.kind != "loosespec":
         return None
-    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
-                  has_draft_model=has_draft, adaptive_draft_length=adaptive_draft_length)
+    common = dict(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        top_p=top_p,
+        top_k=top_k,
+        has_draft_model=has_draft,
+        adaptive_draft_length=adaptive_draft_length,
+    )
     tau = {} if sg_tau is None or not spec.method.step_level else {"sg_tau": sg_tau}  # SpecGuard's tau
     drafter = spec.drafter.name if spec.drafter is not None else None
     # a variant's knobs win

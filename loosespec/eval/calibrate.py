@@ -54,8 +54,13 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return float(mannwhitneyu(pos, neg, method="asymptotic").statistic / (len(pos) * len(neg)))
 
 
-def auc_ci95(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[str], resamples: int = 1000,
-             bootstrap_seed: int = 0) -> tuple[float, float] | None:
+def auc_ci95(
+    scores: Sequence[float],
+    labels: Sequence[bool],
+    groups: Sequence[str],
+    resamples: int = 1000,
+    bootstrap_seed: int = 0,
+) -> tuple[float, float] | None:
     """95% interval of :func:`roc_auc` by a bootstrap over ``groups`` (problems: the steps of one problem
     are not independent), percentile method, seeded."""
     import numpy as np
@@ -105,8 +110,15 @@ def _quantiles(values: Sequence[float]) -> dict | None:
     if not values:
         return None
     q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-    return {"n": len(values), "mean": round(statistics.fmean(values), 4), "min": round(min(values), 4),
-            "p10": round(q[0], 4), "p50": round(q[4], 4), "p90": round(q[8], 4), "max": round(max(values), 4)}
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 4),
+        "min": round(min(values), 4),
+        "p10": round(q[0], 4),
+        "p50": round(q[4], 4),
+        "p90": round(q[8], 4),
+        "max": round(max(values), 4),
+    }
 
 
 PREFERENCE_MARGIN = 0.1  # nats per token: exp(-0.1) = 0.905, the candidate about as likely as the target's own step
@@ -124,8 +136,9 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 @torch.inference_mode()
-def target_preference(lm, prompt_ids: torch.Tensor, output_ids: Sequence[int], steps: list[dict],
-                      margin: float = PREFERENCE_MARGIN) -> None:
+def target_preference(
+    lm, prompt_ids: torch.Tensor, output_ids: Sequence[int], steps: list[dict], margin: float = PREFERENCE_MARGIN
+) -> None:
     """Add ``lp_candidate``, ``lp_own``, ``preference_gap`` and ``target_prefers`` to each step record.
 
     ``lm``: the target's :class:`~loosespec.decode.kv.CachedLM`; ``steps`` in order, each with its
@@ -136,7 +149,7 @@ def target_preference(lm, prompt_ids: torch.Tensor, output_ids: Sequence[int], s
     pos = 0
     for st in steps:
         ctx = torch.cat([prompt_ids, out[:pos]])
-        own = out[pos: pos + st["written"]]
+        own = out[pos : pos + st["written"]]
         lps = []
         for toks in (torch.tensor(st["candidate"], dtype=torch.long), own):
             if toks.numel() == 0:
@@ -176,10 +189,13 @@ def analyse(steps: Sequence[dict], beta: float, accept_rate: float | None = None
 
     def row(values):
         auc_a, auc_p = roc_auc(values, agrees), roc_auc(values, prefers)
-        return {"auc_agrees": None if auc_a is None else round(auc_a, 4),
-                "auc_target_prefers": None if auc_p is None else round(auc_p, 4),
-                "auc_target_prefers_ci95": auc_ci95(values, prefers, problems),
-                "rho_preference_gap": rank_correlation(values, gaps), "rho_length": rank_correlation(values, lengths)}
+        return {
+            "auc_agrees": None if auc_a is None else round(auc_a, 4),
+            "auc_target_prefers": None if auc_p is None else round(auc_p, 4),
+            "auc_target_prefers_ci95": auc_ci95(values, prefers, problems),
+            "rho_preference_gap": rank_correlation(values, gaps),
+            "rho_length": rank_correlation(values, lengths),
+        }
 
     table = {name: row([_signal(s, name) for s in steps]) for name in ("C_min", "C_mean", "G")}
     for variant in ("min", "mean"):
@@ -188,17 +204,25 @@ def analyse(steps: Sequence[dict], beta: float, accept_rate: float | None = None
     for variant in ("min", "mean"):
         for b in BETAS:
             auc = roc_auc([_signal(s, f"S_{variant}", b) for s in steps], prefers)
-            grid.append({"sg_confidence": variant, "sg_beta": b, "auc_target_prefers": None if auc is None
-                         else round(auc, 4)})
-    ranked = sorted((g for g in grid if g["auc_target_prefers"] is not None),
-                    key=lambda g: (-g["auc_target_prefers"], g["sg_confidence"] != "mean", abs(g["sg_beta"] - beta)))
+            grid.append(
+                {"sg_confidence": variant, "sg_beta": b, "auc_target_prefers": None if auc is None else round(auc, 4)}
+            )
+    ranked = sorted(
+        (g for g in grid if g["auc_target_prefers"] is not None),
+        key=lambda g: (-g["auc_target_prefers"], g["sg_confidence"] != "mean", abs(g["sg_beta"] - beta)),
+    )
     choice = ranked[0] if ranked else {"sg_confidence": "min", "sg_beta": beta}
     chosen = [_signal(s, "S_" + choice["sg_confidence"], choice["sg_beta"]) for s in steps]
     rate = (sum(prefers) / len(prefers)) if accept_rate is None else accept_rate
     tau = propose_tau(chosen, prefers, rate)
-    return {"steps": len(steps), "agree_rate": round(sum(agrees) / len(steps), 4),
-            "target_prefers_rate": round(sum(prefers) / len(steps), 4), "signals": table, "grid": grid,
-            "choice": {**choice, "sg_tau": tau["tau"], "at_tau": tau}}
+    return {
+        "steps": len(steps),
+        "agree_rate": round(sum(agrees) / len(steps), 4),
+        "target_prefers_rate": round(sum(prefers) / len(steps), 4),
+        "signals": table,
+        "grid": grid,
+        "choice": {**choice, "sg_tau": tau["tau"], "at_tau": tau},
+    }
 
 
 def analyse_report(report: dict) -> dict:
@@ -223,9 +247,15 @@ def _done(path: Path | None) -> dict[str, dict]:
     return out
 
 
-def calibrate_specguard(engine, problems, cfg: DecodeConfig, accept_rate: float | None = None,
-                        progress: bool = True, steps_file: Path | None = None,
-                        margin: float = PREFERENCE_MARGIN) -> dict:
+def calibrate_specguard(
+    engine,
+    problems,
+    cfg: DecodeConfig,
+    accept_rate: float | None = None,
+    progress: bool = True,
+    steps_file: Path | None = None,
+    margin: float = PREFERENCE_MARGIN,
+) -> dict:
     """Run every problem with all steps written by the target, label each step, analyse the scores.
     ``steps_file``: per-problem step records, appended as each problem finishes and read back to resume."""
     from tqdm.auto import tqdm
@@ -234,8 +264,7 @@ def calibrate_specguard(engine, problems, cfg: DecodeConfig, accept_rate: float 
 
     run_cfg = dataclasses.replace(cfg, sg_tau=1.01, sg_on_reject="draft-assisted", sg_verify="exact")
     done = _done(steps_file)
-    for p in tqdm([p for p in problems if p.id not in done], desc="calibrating", unit="problem",
-                  disable=not progress):
+    for p in tqdm([p for p in problems if p.id not in done], desc="calibrating", unit="problem", disable=not progress):
         ids = encode_prompt(engine.tokenizer, p.prompt)
         r = engine.generate(ids, run_cfg)
         steps = [dict(s) for s in r.stats.steps]
@@ -250,9 +279,11 @@ def calibrate_specguard(engine, problems, cfg: DecodeConfig, accept_rate: float 
     labels = [bool(s["agrees"]) for s in steps]
     report = {
         "proposal": propose_tau(scores, labels, accept_rate),
-        "scores": {"all": _quantiles(scores),
-                   "agreeing": _quantiles([s for s, y in zip(scores, labels) if y]),
-                   "disagreeing": _quantiles([s for s, y in zip(scores, labels) if not y])},
+        "scores": {
+            "all": _quantiles(scores),
+            "agreeing": _quantiles([s for s, y in zip(scores, labels) if y]),
+            "disagreeing": _quantiles([s for s, y in zip(scores, labels) if not y]),
+        },
         "problems": len(problems),
         "margin": margin,
         "steps": steps,
@@ -267,35 +298,51 @@ def format_analysis(report: dict) -> str:
     """The calibration as markdown: signals against both labels, and the choice."""
     a = report["analysis"]
     f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    lines = [f"{a['steps']} steps of {report['problems']} problems; the target wrote exactly the candidate in "
-             f"{a['agree_rate']:.1%}, preferred it (gap >= -{report['margin']} nats/token) in "
-             f"{a['target_prefers_rate']:.1%}.", "",
-             "| signal | AUC, agrees | AUC, target prefers [95% CI] | rho with preference gap | rho with step length |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"{a['steps']} steps of {report['problems']} problems; the target wrote exactly the candidate in "
+        f"{a['agree_rate']:.1%}, preferred it (gap >= -{report['margin']} nats/token) in "
+        f"{a['target_prefers_rate']:.1%}.",
+        "",
+        "| signal | AUC, agrees | AUC, target prefers [95% CI] | rho with preference gap | rho with step length |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for name, r in a["signals"].items():
         ci = r.get("auc_target_prefers_ci95")
         ci = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-        lines.append(f"| {name} | {f(r['auc_agrees'])} | {f(r['auc_target_prefers'])}{ci} | "
-                     f"{f(r['rho_preference_gap'])} | {f(r['rho_length'])} |")
+        lines.append(
+            f"| {name} | {f(r['auc_agrees'])} | {f(r['auc_target_prefers'])}{ci} | "
+            f"{f(r['rho_preference_gap'])} | {f(r['rho_length'])} |"
+        )
     best = {}
     for g in a.get("grid", []):
-        if g["auc_target_prefers"] is not None and (g["sg_confidence"] not in best or g["auc_target_prefers"] >
-                                                     best[g["sg_confidence"]]["auc_target_prefers"]):
+        if g["auc_target_prefers"] is not None and (
+            g["sg_confidence"] not in best or g["auc_target_prefers"] > best[g["sg_confidence"]]["auc_target_prefers"]
+        ):
             best[g["sg_confidence"]] = g
     if best:
-        lines += ["", "Best beta per confidence variant (AUC of S against target prefers, beta in 0, 0.1 .. 1): " +
-                  "; ".join(f"{v}: beta {g['sg_beta']} ({g['auc_target_prefers']:.3f})" for v, g in best.items())
-                  + "."]
+        lines += [
+            "",
+            "Best beta per confidence variant (AUC of S against target prefers, beta in 0, 0.1 .. 1): "
+            + "; ".join(f"{v}: beta {g['sg_beta']} ({g['auc_target_prefers']:.3f})" for v, g in best.items())
+            + ".",
+        ]
     c = a["choice"]
     t = c["at_tau"]
-    lines += ["", f"Choice (highest AUC against target prefers): sg_confidence {c['sg_confidence']}, "
-              f"sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']} (accepts {t['accept_rate']:.1%} of steps; precision "
-              f"{f(t['precision'])}, recall {f(t['recall'])})."]
+    lines += [
+        "",
+        f"Choice (highest AUC against target prefers): sg_confidence {c['sg_confidence']}, "
+        f"sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']} (accepts {t['accept_rate']:.1%} of steps; precision "
+        f"{f(t['precision'])}, recall {f(t['recall'])}).",
+    ]
     cfg = report.get("config")
     if cfg:
         hw = cfg.get("hardware") or {}
-        lines += ["", f"Run: `{report.get('command', 'loosespec calibrate')}`; target {cfg['target']['spec']}, draft "
-                  f"{cfg['draft']['spec']}, {(cfg.get('precision') or {}).get('name', cfg['target']['dtype'])}, "
-                  f"sg_select {cfg.get('sg_select')}, on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))})"
-                  + (f", GPU {hw['gpu']}" if hw.get("gpu") else "") + "."]
+        lines += [
+            "",
+            f"Run: `{report.get('command', 'loosespec calibrate')}`; target {cfg['target']['spec']}, draft "
+            f"{cfg['draft']['spec']}, {(cfg.get('precision') or {}).get('name', cfg['target']['dtype'])}, "
+            f"sg_select {cfg.get('sg_select')}, on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))})"
+            + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
+            + ".",
+        ]
     return "\n".join(lines)

@@ -72,15 +72,27 @@ class FlySetting:
 
     def knobs(self) -> dict:
         """The DecodeConfig knobs of this setting."""
-        return {"fly_entropy_threshold": self.theta, "fly_window_size": self.window, "num_draft_tokens": self.k,
-                "fly_copy_guard": self.copy_guard, "fly_boundary": self.boundary}
+        return {
+            "fly_entropy_threshold": self.theta,
+            "fly_window_size": self.window,
+            "num_draft_tokens": self.k,
+            "fly_copy_guard": self.copy_guard,
+            "fly_boundary": self.boundary,
+        }
 
 
-def grid(thetas: Sequence[float], windows: Sequence[int], ks: Sequence[int], guards: Sequence[int] = (0,)
-         ) -> list[FlySetting]:
+def grid(
+    thetas: Sequence[float], windows: Sequence[int], ks: Sequence[int], guards: Sequence[int] = (0,)
+) -> list[FlySetting]:
     """Every combination with W < K (a window that cannot fit the draft never defers)."""
-    return [FlySetting(float(t), int(w), int(k), int(g)) for k in ks for t in thetas for w in windows for g in guards
-            if w < k]
+    return [
+        FlySetting(float(t), int(w), int(k), int(g))
+        for k in ks
+        for t in thetas
+        for w in windows
+        for g in guards
+        if w < k
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,9 +114,13 @@ class _Recorder:
             tokens = draft.tokens.to(logits.device)
             match = tokens == logits[:k].argmax(-1)
             entropy = topk_entropy(logits[:k], self.entropy_top_k)
-            self.rounds.append({"draft": draft.tokens.tolist(), "match": "".join("1" if m else "0" for m in
-                                                                                  match.tolist()),
-                                "entropy": [round(h, 4) for h in entropy.tolist()]})
+            self.rounds.append(
+                {
+                    "draft": draft.tokens.tolist(),
+                    "match": "".join("1" if m else "0" for m in match.tolist()),
+                    "entropy": [round(h, 4) for h in entropy.tolist()],
+                }
+            )
         return self.rule(draft, logits)
 
 
@@ -115,8 +131,9 @@ def trace(engine, ids: torch.Tensor, max_new_tokens: int, k: int) -> dict:
     from loosespec.decode.stats import Stats
     from loosespec.hardware import sync
 
-    cfg = DecodeConfig.create("exact", "mla", k, has_draft_model=True, max_new_tokens=max_new_tokens,
-                              adaptive_draft_length=False)
+    cfg = DecodeConfig.create(
+        "exact", "mla", k, has_draft_model=True, max_new_tokens=max_new_tokens, adaptive_draft_length=False
+    )
     drafter, rule, _ = engine.build(cfg, ids)
     recorder = _Recorder(rule, cfg.fly_entropy_top_k)
     engine.target_lm.reset()
@@ -128,8 +145,12 @@ def trace(engine, ids: torch.Tensor, max_new_tokens: int, k: int) -> dict:
     for chunk in decode(engine.target_lm, drafter, recorder, ids, max_new_tokens, k, engine.stop_ids, stats):
         out += chunk
     sync(engine.device)
-    return {"token_ids": out, "text": engine.detokenize(out), "wall_s": round(time.perf_counter() - t0, 4),
-            "rounds": recorder.rounds}
+    return {
+        "token_ids": out,
+        "text": engine.detokenize(out),
+        "wall_s": round(time.perf_counter() - t0, 4),
+        "rounds": recorder.rounds,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,9 +196,17 @@ def screen(traces: dict[str, dict], prompts: dict[str, list[int]], settings: Seq
                 exact_tokens, tokens, here, rounds = exact_tokens + e + 1, tokens + kept + 1, here + d, rounds + 1
             deferrals += here
             touched += here > 0
-        out.append({"setting": asdict(s), "name": s.name, "rounds": rounds, "deferrals": deferrals,
-                    "touched": touched, "problems": len(traces),
-                    "gain": round(tokens / exact_tokens, 4) if exact_tokens else None})
+        out.append(
+            {
+                "setting": asdict(s),
+                "name": s.name,
+                "rounds": rounds,
+                "deferrals": deferrals,
+                "touched": touched,
+                "problems": len(traces),
+                "gain": round(tokens / exact_tokens, 4) if exact_tokens else None,
+            }
+        )
     return out
 
 
@@ -218,17 +247,31 @@ def confirm_config(setting: FlySetting | None, max_new_tokens: int) -> DecodeCon
     """The real pipeline for a setting (FLy, MLA, cost-aware length), or exact verification's defaults (None)."""
     if setting is None:
         return DecodeConfig.create("exact", "mla", has_draft_model=True, max_new_tokens=max_new_tokens)
-    return DecodeConfig.create("fly", "mla", has_draft_model=True, max_new_tokens=max_new_tokens,
-                               **setting.knobs())
+    return DecodeConfig.create("fly", "mla", has_draft_model=True, max_new_tokens=max_new_tokens, **setting.knobs())
 
 
 def run_record(engine, ids: torch.Tensor, cfg: DecodeConfig) -> dict:
     r = engine.generate(ids, cfg)
     st = r.stats.to_dict()
-    keep = ("rounds", "drafts", "draft_forwards", "fly_deferred", "fly_deferrable_rounds", "fly_initial_mismatches",
-            "fly_window_rescues", "rounds_lookup", "rounds_model", "rounds_none", "rounds_explore")
-    return {"token_ids": r.token_ids, "text": r.text, "wall_s": round(r.stats.wall_s, 4),
-            "stats": {k: st[k] for k in keep if k in st}}
+    keep = (
+        "rounds",
+        "drafts",
+        "draft_forwards",
+        "fly_deferred",
+        "fly_deferrable_rounds",
+        "fly_initial_mismatches",
+        "fly_window_rescues",
+        "rounds_lookup",
+        "rounds_model",
+        "rounds_none",
+        "rounds_explore",
+    )
+    return {
+        "token_ids": r.token_ids,
+        "text": r.text,
+        "wall_s": round(r.stats.wall_s, 4),
+        "stats": {k: st[k] for k in keep if k in st},
+    }
 
 
 def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_retention: float = RETENTION) -> dict:
@@ -238,8 +281,11 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
 
     ids = [p for p in records if p in baseline]
     # a verdict on both sides: a record whose scoring failed is no answer (left out of accuracy and retention)
-    answered = [p for p in ids if score_status(records[p]) in ("right", "wrong")
-                and score_status(baseline[p]) in ("right", "wrong")]
+    answered = [
+        p
+        for p in ids
+        if score_status(records[p]) in ("right", "wrong") and score_status(baseline[p]) in ("right", "wrong")
+    ]
     right = [score_status(records[p]) == "right" for p in answered]
     base = [score_status(baseline[p]) == "right" for p in answered]
     wall = sum(records[p]["wall_s"] for p in ids)
@@ -250,20 +296,29 @@ def summarize_run(records: dict[str, dict], baseline: dict[str, dict], min_reten
     ci = bootstrap_ratio([float(x) for x in right], [float(x) for x in base])
     levels = {lv: sum(records[p]["stats"].get(f"rounds_{lv}", 0) for p in ids) for lv in ("lookup", "model", "none")}
     total = sum(levels.values())
-    return {"problems": len(ids), "tokens_per_s": round(toks / wall, 3) if wall else None, "new_tokens": toks,
-            "wall_s": round(wall, 2), "accuracy": round(sum(right) / len(answered), 4) if answered else None,
-            "baseline_accuracy": round(sum(base) / len(answered), 4) if answered else None,
-            "scored": len(answered), "score_errors": sum(score_status(records[p]) == "error" for p in ids),
-            "retention": None if retention is None else round(retention, 4), "retention_ci95": ci,
-            "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(lost, gained),
-            "identical": sum(records[p]["token_ids"] == baseline[p]["token_ids"] for p in ids),
-            "deferrals": sum(records[p]["stats"].get("fly_deferred", 0) for p in ids),
-            "deferrable_rounds": sum(records[p]["stats"].get("fly_deferrable_rounds", 0) for p in ids),
-            "rounds": sum(records[p]["stats"].get("rounds", 0) for p in ids),
-            "draft_levels": {lv: round(c / total, 3) for lv, c in levels.items()} if total else None,
-            "explore_rounds": sum(records[p]["stats"].get("rounds_explore", 0) for p in ids),
-            "sittings": sorted({records[p].get("sitting") or "unrecorded" for p in ids}),
-            "meets_bound": retention is not None and retention >= min_retention}
+    return {
+        "problems": len(ids),
+        "tokens_per_s": round(toks / wall, 3) if wall else None,
+        "new_tokens": toks,
+        "wall_s": round(wall, 2),
+        "accuracy": round(sum(right) / len(answered), 4) if answered else None,
+        "baseline_accuracy": round(sum(base) / len(answered), 4) if answered else None,
+        "scored": len(answered),
+        "score_errors": sum(score_status(records[p]) == "error" for p in ids),
+        "retention": None if retention is None else round(retention, 4),
+        "retention_ci95": ci,
+        "lost": lost,
+        "gained": gained,
+        "mcnemar_p": mcnemar_exact(lost, gained),
+        "identical": sum(records[p]["token_ids"] == baseline[p]["token_ids"] for p in ids),
+        "deferrals": sum(records[p]["stats"].get("fly_deferred", 0) for p in ids),
+        "deferrable_rounds": sum(records[p]["stats"].get("fly_deferrable_rounds", 0) for p in ids),
+        "rounds": sum(records[p]["stats"].get("rounds", 0) for p in ids),
+        "draft_levels": {lv: round(c / total, 3) for lv, c in levels.items()} if total else None,
+        "explore_rounds": sum(records[p]["stats"].get("rounds_explore", 0) for p in ids),
+        "sittings": sorted({records[p].get("sitting") or "unrecorded" for p in ids}),
+        "meets_bound": retention is not None and retention >= min_retention,
+    }
 
 
 def _accuracy(records) -> float | None:
@@ -310,9 +365,21 @@ class RunsFile:
         return {p: r for (s, p), r in self.rows.items() if s == setting}
 
 
-def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *, max_new_tokens: int,
-                  encode, scorer, confirm: int = 3, min_retention: float = RETENTION, min_gain: float = 1.0,
-                  runs_file: Path | None = None, progress: bool = True, log=None) -> dict:
+def calibrate_fly(
+    engine,
+    problems: Sequence,
+    settings: Sequence[FlySetting],
+    *,
+    max_new_tokens: int,
+    encode,
+    scorer,
+    confirm: int = 3,
+    min_retention: float = RETENTION,
+    min_gain: float = 1.0,
+    runs_file: Path | None = None,
+    progress: bool = True,
+    log=None,
+) -> dict:
     """The four stages (module docstring); returns the report (screen, confirmed rows, the choice)."""
     from tqdm.auto import tqdm
 
@@ -333,8 +400,14 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
             rec = runs.get(setting_name, p.id)
             if rec is not None and score_status(rec) == "error":
                 fields, failure = verdict(p, rec["text"])
-                runs.add({**rec, **fields, "score_history": list(rec.get("score_history") or [])
-                          + [{"status": "error", "detail": rec.get("score_detail") or {}}]})
+                runs.add(
+                    {
+                        **rec,
+                        **fields,
+                        "score_history": list(rec.get("score_history") or [])
+                        + [{"status": "error", "detail": rec.get("score_detail") or {}}],
+                    }
+                )
                 say(f"{p.id:24} {setting_name:44} scored again: {fields['score_status']}")
                 if failure is not None:
                     raise failure
@@ -344,8 +417,10 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
             fields, failure = verdict(p, rec["text"])
             rec.update(setting=setting_name, problem=p.id, **fields, sitting=SITTING)
             runs.add(rec)
-            say(f"{p.id:24} {setting_name:44} {len(rec['token_ids']):4d} tok {rec['wall_s']:8.2f} s "
-                f"{fields['score_status']}")
+            say(
+                f"{p.id:24} {setting_name:44} {len(rec['token_ids']):4d} tok {rec['wall_s']:8.2f} s "
+                f"{fields['score_status']}"
+            )
             if failure is not None:
                 raise failure
         return {p.id: runs.get(setting_name, p.id) for p in problems}
@@ -354,61 +429,100 @@ def calibrate_fly(engine, problems: Sequence, settings: Sequence[FlySetting], *,
     screened = screen(base, {pid: ids.tolist() for pid, ids in prompts.items()}, settings)
     front = frontier(screened, min_gain)
     confirmed: dict[str, dict] = {}
-    exact = each(EXACT, lambda ids: run_record(engine, ids, confirm_config(None, max_new_tokens)),
-                 "confirm: exact-mla (defaults)")
+    exact = each(
+        EXACT,
+        lambda ids: run_record(engine, ids, confirm_config(None, max_new_tokens)),
+        "confirm: exact-mla (defaults)",
+    )
     confirmed[EXACT] = summarize_run(exact, base, min_retention)
     by_name = {s.name: s for s in settings}
     for row in search_order(front, confirm, lambda row: confirmed[row["name"]]["meets_bound"]):
         s = by_name[row["name"]]
-        recs = each(s.name, lambda ids, s=s: run_record(engine, ids, confirm_config(s, max_new_tokens)),
-                    f"confirm: {s.name}")
+        recs = each(
+            s.name, lambda ids, s=s: run_record(engine, ids, confirm_config(s, max_new_tokens)), f"confirm: {s.name}"
+        )
         confirmed[s.name] = {**summarize_run(recs, base, min_retention), "screen": row}
     chosen = choose(confirmed)
-    return {"problems": [p.id for p in problems], "max_new_tokens": max_new_tokens, "min_retention": min_retention,
-            "baseline": {"method": "exact", "drafter": "mla", "num_draft_tokens": k_max, "adaptive_draft_length": False,
-                         "accuracy": _accuracy(base.values())},
-            "screen": screened, "frontier": [r["name"] for r in front], "confirmed": confirmed,
-            "chosen": None if chosen is None else {"name": chosen, **asdict(by_name[chosen])}}
+    return {
+        "problems": [p.id for p in problems],
+        "max_new_tokens": max_new_tokens,
+        "min_retention": min_retention,
+        "baseline": {
+            "method": "exact",
+            "drafter": "mla",
+            "num_draft_tokens": k_max,
+            "adaptive_draft_length": False,
+            "accuracy": _accuracy(base.values()),
+        },
+        "screen": screened,
+        "frontier": [r["name"] for r in front],
+        "confirmed": confirmed,
+        "chosen": None if chosen is None else {"name": chosen, **asdict(by_name[chosen])},
+    }
 
 
 def format_report(report: dict) -> str:
     """The calibration table (markdown): confirmed settings, then the screen's frontier and the choice."""
-    lines = [f"FLy calibration (LOSSY method) on {len(report['problems'])} problems, {report['max_new_tokens']} new "
-             f"tokens; baseline: exact verification, MLA, K = {report['baseline']['num_draft_tokens']} every round "
-             f"(the target's own output), accuracy {report['baseline']['accuracy']}.", "",
-             "Confirmed (the real pipeline: MLA, cost-aware draft length; retention = accuracy / baseline accuracy, "
-             "95% bootstrap interval over problems):", "",
-             "| setting | tok/s | vs exact | retention (95% CI) | lost | gained | deferrals | could defer | "
-             "lookup / model / none | identical |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        f"FLy calibration (LOSSY method) on {len(report['problems'])} problems, {report['max_new_tokens']} new "
+        f"tokens; baseline: exact verification, MLA, K = {report['baseline']['num_draft_tokens']} every round "
+        f"(the target's own output), accuracy {report['baseline']['accuracy']}.",
+        "",
+        "Confirmed (the real pipeline: MLA, cost-aware draft length; retention = accuracy / baseline accuracy, "
+        "95% bootstrap interval over problems):",
+        "",
+        "| setting | tok/s | vs exact | retention (95% CI) | lost | gained | deferrals | could defer | "
+        "lookup / model / none | identical |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     exact = report["confirmed"].get(EXACT, {}).get("tokens_per_s")
     for name, s in report["confirmed"].items():
         ci = s.get("retention_ci95")
         lv = s.get("draft_levels") or {}
         lines.append(
             f"| {name}{'' if name == EXACT else ' (lossy)'} | {s['tokens_per_s']} | "
-            f"{s['tokens_per_s'] / exact:.3f}x | {s['retention']}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+            f"{s['tokens_per_s'] / exact:.3f}x | {s['retention']}"
+            + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
             + f" | {s['lost']} | {s['gained']} | {s['deferrals']} | {s['deferrable_rounds']} of {s['rounds']} | "
-            + " / ".join(f"{100 * lv.get(x, 0):.0f}%" for x in ("lookup", "model", "none")) + f" | "
-            f"{s['identical']} of {s['problems']} |")
+            + " / ".join(f"{100 * lv.get(x, 0):.0f}%" for x in ("lookup", "model", "none"))
+            + f" | "
+            f"{s['identical']} of {s['problems']} |"
+        )
     sittings = sorted({x for s in report["confirmed"].values() for x in s.get("sittings", ["unrecorded"])})
     if len(sittings) > 1 or sittings == ["unrecorded"]:
-        lines += ["", "Timed in " + (f"{len(sittings)} sittings ({', '.join(sittings)})" if "unrecorded" not in sittings
-                                     else "sittings not all recorded (rows written before 2026-12-04 do not say)")
-                  + ": rows of different sittings differ by several percent for the same work, so a tokens/s "
-                  "difference of that size between them decides nothing."]
-    lines += ["", "Screen (first order, on the baseline's rounds; the frontier: most gain for fewest touched problems):",
-              "", "| setting | gain in tokens per round | deferrals | problems touched | on the frontier |",
-              "| --- | ---: | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "Timed in "
+            + (
+                f"{len(sittings)} sittings ({', '.join(sittings)})"
+                if "unrecorded" not in sittings
+                else "sittings not all recorded (rows written before 2026-12-04 do not say)"
+            )
+            + ": rows of different sittings differ by several percent for the same work, so a tokens/s "
+            "difference of that size between them decides nothing.",
+        ]
+    lines += [
+        "",
+        "Screen (first order, on the baseline's rounds; the frontier: most gain for fewest touched problems):",
+        "",
+        "| setting | gain in tokens per round | deferrals | problems touched | on the frontier |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     front = set(report["frontier"])
     for r in sorted(report["screen"], key=lambda r: -(r["gain"] or 0)):
-        lines.append(f"| {r['name']} | {r['gain']} | {r['deferrals']} | {r['touched']} of {r['problems']} | "
-                     f"{'yes' if r['name'] in front else ''} |")
+        lines.append(
+            f"| {r['name']} | {r['gain']} | {r['deferrals']} | {r['touched']} of {r['problems']} | "
+            f"{'yes' if r['name'] in front else ''} |"
+        )
     chosen = report.get("chosen")
-    lines += ["", f"Chosen: {chosen['name']} (the most tokens/s with retention >= {report['min_retention']})." if chosen
-              else f"Chosen: none: no confirmed setting kept retention >= {report['min_retention']}."]
+    lines += [
+        "",
+        f"Chosen: {chosen['name']} (the most tokens/s with retention >= {report['min_retention']})."
+        if chosen
+        else f"Chosen: none: no confirmed setting kept retention >= {report['min_retention']}.",
+    ]
     if report.get("command"):
         lines += ["", f"Command: `{report['command']}`"]
     if report.get("hardware"):
         lines += ["", f"Timed on: {report['hardware']}"]
     return "\n".join(lines)
-

@@ -54,8 +54,10 @@ def _search_path(explicit: str | Path | None = None) -> list[Path | str]:
         elif Path(value).is_dir():
             out.append(Path(value))
         else:
-            raise LoosespecError(f"{where} {value} is not a folder: pass the folder holding the evaluation sets' "
-                                 f".jsonl files (or '{HUB}' for the Hugging Face Hub copies)")
+            raise LoosespecError(
+                f"{where} {value} is not a folder: pass the folder holding the evaluation sets' "
+                f".jsonl files (or '{HUB}' for the Hugging Face Hub copies)"
+            )
     out.append(SHIPPED)
     return out
 
@@ -77,8 +79,10 @@ def data_file(name: str, explicit: str | Path | None = None) -> Path | str:
         elif (Path(place) / name).is_file():
             return Path(place) / name
     if name == ESSAYS:
-        raise LoosespecError(f"{ESSAYS} (niah's haystack) is not shipped with loosespec: put it in a folder and pass "
-                             "--data-dir or set LOOSESPEC_DATA (where to get it: loosespec/eval/data/README.md)")
+        raise LoosespecError(
+            f"{ESSAYS} (niah's haystack) is not shipped with loosespec: put it in a folder and pass "
+            "--data-dir or set LOOSESPEC_DATA (where to get it: loosespec/eval/data/README.md)"
+        )
     raise LoosespecError(f"evaluation data {name} not found in --data-dir, $LOOSESPEC_DATA or {SHIPPED}")
 
 
@@ -87,16 +91,21 @@ def _hub_rows(name: str) -> list[dict]:
     try:
         import datasets as hf_datasets
     except ImportError:
-        raise LoosespecError(f"loading {name} from the Hugging Face Hub needs the 'datasets' package: "
-                             "pip install 'loosespec[hub]' (or use the copies shipped with loosespec)") from None
+        raise LoosespecError(
+            f"loading {name} from the Hugging Face Hub needs the 'datasets' package: "
+            "pip install 'loosespec[hub]' (or use the copies shipped with loosespec)"
+        ) from None
     repo, config, split = HUB_SOURCES[name]
     try:
         table = hf_datasets.load_dataset(repo, config, split=split)
     except Exception as e:  # offline, gated, renamed: one clear line
         raise LoosespecError(f"could not load {repo} ({split}) from the Hugging Face Hub: {e}") from e
-    fields = {"gsm8k_test.jsonl": ("question", "answer"), "gsm8k_train.jsonl": ("question", "answer"),
-              "humaneval.jsonl": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
-              "math500_test.jsonl": ("problem", "solution", "answer", "subject", "level", "unique_id")}[name]
+    fields = {
+        "gsm8k_test.jsonl": ("question", "answer"),
+        "gsm8k_train.jsonl": ("question", "answer"),
+        "humaneval.jsonl": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
+        "math500_test.jsonl": ("problem", "solution", "answer", "subject", "level", "unique_id"),
+    }[name]
     rows = [{k: row[k] for k in fields} for row in table]
     if not rows:
         raise LoosespecError(f"{repo} ({split}) on the Hugging Face Hub has no rows")

@@ -74,6 +74,7 @@ class DatasetSpec:
 
     ``short_answer``: a problem's ``answer`` is an answer to show beside an output (a number, an expression,
     a needle), not a reference solution that tests stand in for (HumanEval's canonical solution)."""
+
     name: str
     loader: Callable[..., list[Problem]]
     options: Mapping[str, Any]
@@ -88,29 +89,75 @@ class DatasetSpec:
 
 _CODE_SCORE_OPTIONS = {"timeout_s": 10.0, "memory_mb": 1024, "allow_code_execution": False, "sandbox": None}
 
-DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
-    DatasetSpec("gsm8k", gsm8k, {}, score_number, {},
-                "numeric: extract_number (last 'The answer is N', else '#### N' or \\boxed{N}, else the last number) "
-                "== gold"),
-    DatasetSpec("gsm8k-train", gsm8k_train, {}, score_number, {}, "as gsm8k (GSM8K's train split, for calibration)"),
-    DatasetSpec("mgsm", mgsm, {"lang": "en"}, score_number, {},
-                "numeric, as gsm8k: extract_number (last 'The answer is N', else the last number) == answer_number"),
-    DatasetSpec("math500", math500, {}, score_math500, {},
-                "math_verify: verify(parse('$' + gold + '$'), parse(output)), \\boxed{} content preferred"),
-    DatasetSpec("humaneval", humaneval, {}, score_humaneval, _CODE_SCORE_OPTIONS,
-                "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox",
-                short_answer=False),
-    DatasetSpec("mbpp-train", mbpp_train, {}, score_humaneval, _CODE_SCORE_OPTIONS,
-                "pass@1 as humaneval: code from the reply + MBPP's asserts run in the sandbox (MBPP's train split, "
-                "for calibration)", short_answer=False),
-    DatasetSpec("specbench", specbench, {"category": None}, None, {},
-                "none: judged only by agreement with the ar output"),
-    DatasetSpec("mtbench", mtbench, {}, None, {},
-                "none: judged only by agreement with the ar output"),
-    DatasetSpec("niah", niah, {"context_lengths": (1024, 2048, 4096), "depths": (0.0, 0.25, 0.5, 0.75, 1.0),
-                               "count_tokens": None, "seed": 0}, score_niah, {},
-                "exact retrieval: the needle's code (e.g. 7319-BRAVO, any case/separator) appears in the output"),
-)}
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in (
+        DatasetSpec(
+            "gsm8k",
+            gsm8k,
+            {},
+            score_number,
+            {},
+            "numeric: extract_number (last 'The answer is N', else '#### N' or \\boxed{N}, else the last number) "
+            "== gold",
+        ),
+        DatasetSpec(
+            "gsm8k-train", gsm8k_train, {}, score_number, {}, "as gsm8k (GSM8K's train split, for calibration)"
+        ),
+        DatasetSpec(
+            "mgsm",
+            mgsm,
+            {"lang": "en"},
+            score_number,
+            {},
+            "numeric, as gsm8k: extract_number (last 'The answer is N', else the last number) == answer_number",
+        ),
+        DatasetSpec(
+            "math500",
+            math500,
+            {},
+            score_math500,
+            {},
+            "math_verify: verify(parse('$' + gold + '$'), parse(output)), \\boxed{} content preferred",
+        ),
+        DatasetSpec(
+            "humaneval",
+            humaneval,
+            {},
+            score_humaneval,
+            _CODE_SCORE_OPTIONS,
+            "pass@1: code from the reply's ```python block (full function or body) + tests run in the sandbox",
+            short_answer=False,
+        ),
+        DatasetSpec(
+            "mbpp-train",
+            mbpp_train,
+            {},
+            score_humaneval,
+            _CODE_SCORE_OPTIONS,
+            "pass@1 as humaneval: code from the reply + MBPP's asserts run in the sandbox (MBPP's train split, "
+            "for calibration)",
+            short_answer=False,
+        ),
+        DatasetSpec(
+            "specbench", specbench, {"category": None}, None, {}, "none: judged only by agreement with the ar output"
+        ),
+        DatasetSpec("mtbench", mtbench, {}, None, {}, "none: judged only by agreement with the ar output"),
+        DatasetSpec(
+            "niah",
+            niah,
+            {
+                "context_lengths": (1024, 2048, 4096),
+                "depths": (0.0, 0.25, 0.5, 0.75, 1.0),
+                "count_tokens": None,
+                "seed": 0,
+            },
+            score_niah,
+            {},
+            "exact retrieval: the needle's code (e.g. 7319-BRAVO, any case/separator) appears in the output",
+        ),
+    )
+}
 
 SCORERS_DOC: dict[str, str] = {name: spec.scorer_doc for name, spec in DATASETS.items()}
 
@@ -125,8 +172,10 @@ def _check_options(name: str, given: Mapping[str, Any], valid: Mapping[str, Any]
     unknown = [k for k in given if k not in valid]
     if unknown:
         choices = ", ".join(valid) if valid else "none"
-        raise LoosespecError(f"unknown {what} option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
-                             f"dataset '{name}'; valid: {choices}")
+        raise LoosespecError(
+            f"unknown {what} option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+            f"dataset '{name}'; valid: {choices}"
+        )
 
 
 def load_dataset(name: str, limit: int | None = None, directory: str | Path | None = None, **options) -> list[Problem]:

@@ -78,8 +78,14 @@ def repetition_loop(ids: Sequence[int]) -> tuple[int, int] | None:
     return None
 
 
-def recovery_interval(both: int, ar_only: int, method_only: int, neither: int, draws: int = POSTERIOR_DRAWS,
-                      seed: int = 0) -> tuple[float, float]:  # the draws' seed (not a knob)
+def recovery_interval(
+    both: int,
+    ar_only: int,
+    method_only: int,
+    neither: int,
+    draws: int = POSTERIOR_DRAWS,
+    seed: int = 0,  # (not a knob)
+) -> tuple[float, float]:
     """95% equal-tailed interval of the recovery (method accuracy / ``ar`` accuracy) from the paired table's
     counts, under a Dirichlet posterior with Jeffreys' prior (1/2 per cell); numpy's Dirichlet draws."""
     import numpy as np
@@ -97,7 +103,8 @@ def restates_question(output: str, prompt: str) -> bool:
 
     opening = output[:OPENING_CHARS]
     match = difflib.SequenceMatcher(None, opening, prompt, autojunk=False).find_longest_match(
-        0, len(opening), 0, len(prompt))
+        0, len(opening), 0, len(prompt)
+    )
     return match.size >= RESTATE_CHARS
 
 
@@ -142,7 +149,7 @@ def _one_line(text: str) -> str:
 
 
 def _snippet(text: str, at: int, before: int = 50, after: int = 40) -> str:
-    return _one_line(text[max(0, at - before):at] + "»" + text[at:at + after]).replace("`", "'")
+    return _one_line(text[max(0, at - before) : at] + "»" + text[at : at + after]).replace("`", "'")
 
 
 def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", prompt: str | None = None) -> dict:
@@ -163,14 +170,21 @@ def classify(ar_row: dict, row: dict, max_new_tokens: int, dataset: str = "", pr
         cls = "other"
     char = first_divergence(ar_row["output"], row["output"])
     return {
-        "question_id": row["question_id"], "method": row["method"], "class": cls,
+        "question_id": row["question_id"],
+        "method": row["method"],
+        "class": cls,
         "diverged_at_token": first_divergence(ar_row["token_ids"], row["token_ids"]),
-        "new_tokens": row["new_tokens"], "ar_new_tokens": ar_row["new_tokens"],
-        "gold": _gold(dataset, row), "ar_answer": _answer(dataset, ar_row), "method_answer": _answer(dataset, row),
-        "deferred": stats.get("fly_deferred"), "accepted_steps": stats.get("accepted_steps"),
+        "new_tokens": row["new_tokens"],
+        "ar_new_tokens": ar_row["new_tokens"],
+        "gold": _gold(dataset, row),
+        "ar_answer": _answer(dataset, ar_row),
+        "method_answer": _answer(dataset, row),
+        "deferred": stats.get("fly_deferred"),
+        "accepted_steps": stats.get("accepted_steps"),
         "loop_period": loop[0] if loop else None,
-        "restates": None if prompt is None else (restates_question(ar_row["output"], prompt),
-                                                 restates_question(row["output"], prompt)),
+        "restates": None
+        if prompt is None
+        else (restates_question(ar_row["output"], prompt), restates_question(row["output"], prompt)),
         "ar_text": _snippet(ar_row["output"], char) if char is not None else "",
         "text": _snippet(row["output"], char) if char is not None else "",
     }
@@ -207,13 +221,29 @@ def failures(out: Path | Sequence[Path]) -> list[dict]:
 
 def _failures(rows: list[dict], config: dict) -> list[dict]:
     ar = {r["question_id"]: r for r in rows if r["method"] == BASELINE}
-    lost = [r for r in rows if r["lossy"] and r["question_id"] in ar and ar[r["question_id"]].get("score")
-            and r.get("score") is not None and not r["score"]]
+    lost = [
+        r
+        for r in rows
+        if r["lossy"]
+        and r["question_id"] in ar
+        and ar[r["question_id"]].get("score")
+        and r.get("score") is not None
+        and not r["score"]
+    ]
     prompts = _prompts(config) if lost else {}
-    lost = [classify(ar[r["question_id"]], r, config["max_new_tokens"], config.get("dataset", ""),
-                     prompts.get(r.get("problem", r["question_id"]))) for r in lost]
-    return sorted(lost, key=lambda f: ([int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f["question_id"])],
-                                       f["method"]))
+    lost = [
+        classify(
+            ar[r["question_id"]],
+            r,
+            config["max_new_tokens"],
+            config.get("dataset", ""),
+            prompts.get(r.get("problem", r["question_id"])),
+        )
+        for r in lost
+    ]
+    return sorted(
+        lost, key=lambda f: ([int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f["question_id"])], f["method"])
+    )
 
 
 def openings(out: Path | Sequence[Path]) -> dict[str, dict]:
@@ -233,9 +263,15 @@ def _openings(rows: list[dict], config: dict) -> dict[str, dict]:
         kind = tally.setdefault(r["method"], {True: [0, 0], False: [0, 0]})[restates_question(r["output"], prompt)]
         kind[0] += 1
         kind[1] += bool(r["score"])
-    return {m: {"scored": t[True][0] + t[False][0], "restates": t[True][0],
-                "accuracy_restating": t[True][1] / t[True][0] if t[True][0] else None,
-                "accuracy_other": t[False][1] / t[False][0] if t[False][0] else None} for m, t in tally.items()}
+    return {
+        m: {
+            "scored": t[True][0] + t[False][0],
+            "restates": t[True][0],
+            "accuracy_restating": t[True][1] / t[True][0] if t[True][0] else None,
+            "accuracy_other": t[False][1] / t[False][0] if t[False][0] else None,
+        }
+        for m, t in tally.items()
+    }
 
 
 def endings(out: Path | Sequence[Path]) -> dict[str, dict]:
@@ -264,12 +300,16 @@ def _endings(rows: list[dict], config: dict) -> dict[str, dict]:
 def ending_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None, loaded: dict | None = None) -> str:
     """One line per (result directory or pooled directories, method): :func:`endings`."""
     loaded = loaded or {}
-    lines = ["| results | method | n | stopped at the token budget | ends in a repetition loop | "
-             "right anyway |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| results | method | n | stopped at the token budget | ends in a repetition loop | right anyway |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for d in dirs:
         for m, t in _endings(*(loaded.get(_key(d)) or _read(d))).items():
-            lines.append(f"| {_label(d, root)} | {m} | {t['scored']} | {t['at_budget']} "
-                         f"({t['at_budget'] / t['scored']:.2f}) | {t['loops']} | {t['right_at_budget']} |")
+            lines.append(
+                f"| {_label(d, root)} | {m} | {t['scored']} | {t['at_budget']} "
+                f"({t['at_budget'] / t['scored']:.2f}) | {t['loops']} | {t['right_at_budget']} |"
+            )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -278,13 +318,18 @@ def opening_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = Non
     prompts can be read. ``loaded`` maps a directory (a tuple for a pool) to its ``(rows, config)`` when the
     caller has read them already."""
     loaded = loaded or {}
-    lines = ["| results | method | n | opens by restating the question | accuracy when it does | "
-             "accuracy when it does not |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| results | method | n | opens by restating the question | accuracy when it does | "
+        "accuracy when it does not |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for d in dirs:
         for m, v in _openings(*(loaded.get(_key(d)) or _read(d))).items():
             acc = ["-" if a is None else f"{a:.2f}" for a in (v["accuracy_restating"], v["accuracy_other"])]
-            lines.append(f"| {_label(d, root)} | {m} | {v['scored']} | {v['restates']} "
-                         f"({v['restates'] / v['scored']:.2f}) | {acc[0]} | {acc[1]} |")
+            lines.append(
+                f"| {_label(d, root)} | {m} | {v['scored']} | {v['restates']} "
+                f"({v['restates'] / v['scored']:.2f}) | {acc[0]} | {acc[1]} |"
+            )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -300,9 +345,11 @@ def failure_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = Non
         for f in _failures(*loaded[_key(d)]):
             counts.setdefault((name, f["method"]), dict.fromkeys(CLASSES, 0))[f["class"]] += 1
             restates = "-" if f["restates"] is None else " / ".join("yes" if x else "no" for x in f["restates"])
-            lines.append(f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | "
-                         f"{f['diverged_at_token']} | {f['ar_new_tokens']} / {f['new_tokens']} | "
-                         f"{f['gold']} / {f['ar_answer']} / {f['method_answer']} | `{f['ar_text']}` | `{f['text']}` |")
+            lines.append(
+                f"| {f['question_id']} | {f['method']} | {f['class']} | {restates} | "
+                f"{f['diverged_at_token']} | {f['ar_new_tokens']} / {f['new_tokens']} | "
+                f"{f['gold']} / {f['ar_answer']} / {f['method_answer']} | `{f['ar_text']}` | `{f['text']}` |"
+            )
     head = "| results | method | lost answers | " + " | ".join(CLASSES) + " |"
     table = [head, "| --- | --- |" + " ---: |" * (len(CLASSES) + 1)]
     for (name, m), c in counts.items():
@@ -312,9 +359,12 @@ def failure_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = Non
     for extra in (opening_table(dirs, root, loaded), ending_table(dirs, root, loaded)):
         table += ["", extra] if extra else []
     if lines:
-        table += ["", "| problem | method | class | restates the question (ar / method) | parts from ar at token "
-                  "| tokens (ar / method) | answer (gold / ar / method) | ar (» where they part) | method |",
-                  "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |"] + lines
+        table += [
+            "",
+            "| problem | method | class | restates the question (ar / method) | parts from ar at token "
+            "| tokens (ar / method) | answer (gold / ar / method) | ar (» where they part) | method |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+        ] + lines
     return "\n".join(table)
 
 
@@ -340,13 +390,17 @@ def pooled(dirs: Sequence[Path]) -> tuple[list[dict], dict]:
     for d, (_, cfg) in zip(dirs, loaded):
         differ = [k for k in POOL_KEYS if cfg.get(k) != first.get(k)]
         if differ:
-            raise LoosespecError(f"cannot pool {d} with {dirs[0]}: they differ in {', '.join(differ)} "
-                                 f"(only --seed may differ)")
+            raise LoosespecError(
+                f"cannot pool {d} with {dirs[0]}: they differ in {', '.join(differ)} (only --seed may differ)"
+            )
     seeds = [cfg.get("seed") for _, cfg in loaded]
     if len(set(seeds)) < len(seeds):
         raise LoosespecError(f"cannot pool runs that repeat a seed ({seeds}): each seed's draws would count twice")
-    rows = [{**r, "question_id": f"s{cfg.get('seed')}:{r['question_id']}", "problem": r["question_id"]}
-            for rs, cfg in loaded for r in rs]
+    rows = [
+        {**r, "question_id": f"s{cfg.get('seed')}:{r['question_id']}", "problem": r["question_id"]}
+        for rs, cfg in loaded
+        for r in rs
+    ]
     return rows, {**first, "seed": seeds}
 
 
@@ -370,10 +424,25 @@ def retention(out: Path | Sequence[Path]) -> dict[str, dict]:
             verdict = "lost"
         else:
             verdict = f"not decided at n = {s['scored']}"
-        verdicts[m] = {**{k: s[k] for k in ("scored", "ar_accuracy", "accuracy", "accuracy_ci95", "recovery",
-                                            "ar_right_method_wrong", "ar_wrong_method_right", "mcnemar_p",
-                                            "speedup", "speedup_ci95")},
-                       "recovery_ci95": ci, "verdict": verdict}
+        verdicts[m] = {
+            **{
+                k: s[k]
+                for k in (
+                    "scored",
+                    "ar_accuracy",
+                    "accuracy",
+                    "accuracy_ci95",
+                    "recovery",
+                    "ar_right_method_wrong",
+                    "ar_wrong_method_right",
+                    "mcnemar_p",
+                    "speedup",
+                    "speedup_ci95",
+                )
+            },
+            "recovery_ci95": ci,
+            "verdict": verdict,
+        }
     return verdicts
 
 
@@ -384,15 +453,19 @@ def _ci(ci, spec: str = ".2f") -> str:
 def retention_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = None) -> str:
     """One line per (result directory, lossy method): :func:`retention`. An entry of ``dirs`` that is itself a
     sequence of directories is one pooled line (:func:`pooled`), named by its directories joined with " + "."""
-    lines = ["| results | method | n | ar accuracy | accuracy (95% CI) | recovery (95% CI) | lost / gained "
-             "| McNemar p | speedup (95% CI) | keeps >= 99% of ar? |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| results | method | n | ar accuracy | accuracy (95% CI) | recovery (95% CI) | lost / gained "
+        "| McNemar p | speedup (95% CI) | keeps >= 99% of ar? |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for d in dirs:
         name = _label(d, root)
         for m, v in retention(d).items():
             recovery = "-" if v["recovery"] is None else f"{v['recovery']:.2f}{_ci(v['recovery_ci95'])}"
-            lines.append(f"| {name} | {m} | {v['scored']} | {v['ar_accuracy']:.2f} | "
-                         f"{v['accuracy']:.2f}{_ci(v['accuracy_ci95'])} | {recovery} | "
-                         f"{v['ar_right_method_wrong']} / {v['ar_wrong_method_right']} | {v['mcnemar_p']:.3g} | "
-                         f"{v['speedup']:.2f}x{_ci(v['speedup_ci95'])} | {v['verdict']} |")
+            lines.append(
+                f"| {name} | {m} | {v['scored']} | {v['ar_accuracy']:.2f} | "
+                f"{v['accuracy']:.2f}{_ci(v['accuracy_ci95'])} | {recovery} | "
+                f"{v['ar_right_method_wrong']} / {v['ar_wrong_method_right']} | {v['mcnemar_p']:.3g} | "
+                f"{v['speedup']:.2f}x{_ci(v['speedup_ci95'])} | {v['verdict']} |"
+            )
     return "\n".join(lines)

@@ -40,21 +40,59 @@ def pending_pairs(problems: Sequence, methods: Sequence[str], done: set[tuple[st
     return [(p, m) for p in problems for m in methods if (p.id, m) not in done]
 
 
-def run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, *, dataset: str, settings: dict,
-              encode: Callable, scorer: Callable[[object, str], "bool | None | Verdict"], model_id: str,
-              progress: bool = True, log: Callable[[str], None] | None = None, vllm=None) -> list[dict]:
+def run_bench(
+    engine,
+    problems: Sequence,
+    methods: Sequence[str],
+    out: Path,
+    *,
+    dataset: str,
+    settings: dict,
+    encode: Callable,
+    scorer: Callable[[object, str], "bool | None | Verdict"],
+    model_id: str,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    vllm=None,
+) -> list[dict]:
     """Run every missing (problem, method) pair, appending each result as soon as it is scored, under the folder's
     lock (the one this process holds, e.g. :func:`open_run`'s, or one taken here). Rows whose scoring failed are
     scored again first (:func:`rescore_errors`). ``scorer`` returns a Verdict, or a bool / None.
     ``vllm``: :class:`loosespec.eval.peers.vllm.VllmSettings` for the ``vllm-*`` methods."""
     with _writing(out) as lock:
-        return _run_bench(engine, problems, methods, out, lock, dataset=dataset, settings=settings, encode=encode,
-                          scorer=scorer, model_id=model_id, progress=progress, log=log, vllm=vllm)
+        return _run_bench(
+            engine,
+            problems,
+            methods,
+            out,
+            lock,
+            dataset=dataset,
+            settings=settings,
+            encode=encode,
+            scorer=scorer,
+            model_id=model_id,
+            progress=progress,
+            log=log,
+            vllm=vllm,
+        )
 
 
-def _run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, lock: RunLock, *, dataset: str,
-               settings: dict, encode: Callable, scorer: Callable, model_id: str, progress: bool,
-               log: Callable[[str], None] | None, vllm) -> list[dict]:
+def _run_bench(
+    engine,
+    problems: Sequence,
+    methods: Sequence[str],
+    out: Path,
+    lock: RunLock,
+    *,
+    dataset: str,
+    settings: dict,
+    encode: Callable,
+    scorer: Callable,
+    model_id: str,
+    progress: bool,
+    log: Callable[[str], None] | None,
+    vllm,
+) -> list[dict]:
     from tqdm.auto import tqdm
 
     from loosespec.eval.peers.vllm import is_vllm_method
@@ -64,9 +102,21 @@ def _run_bench(engine, problems: Sequence, methods: Sequence[str], out: Path, lo
     done = {(r["question_id"], r["method"]) for r in rows}
     todo = pending_pairs(problems, [m for m in methods if not is_vllm_method(m)], done)
     for m in [m for m in methods if is_vllm_method(m)]:
-        _run_vllm_method(m, [p for p in problems if (p.id, m) not in done], out, results, rows, dataset=dataset,
-                         settings=settings, encode=encode, scorer=scorer, model_id=model_id, vllm=vllm,
-                         progress=progress, log=log)
+        _run_vllm_method(
+            m,
+            [p for p in problems if (p.id, m) not in done],
+            out,
+            results,
+            rows,
+            dataset=dataset,
+            settings=settings,
+            encode=encode,
+            scorer=scorer,
+            model_id=model_id,
+            vllm=vllm,
+            progress=progress,
+            log=log,
+        )
     if not todo:
         return rows
     warm = list(dict.fromkeys(m for _, m in todo))
@@ -92,8 +142,18 @@ def _verdict_note(v: Verdict) -> str:
     return "" if v.status == "unscored" else f"  {v.status}"
 
 
-def _record(problem, method: str, outcome: Outcome, results: "ResultsFile", rows: list[dict], *, dataset: str,
-            scorer: Callable, model_id: str, log: Callable[[str], None] | None) -> None:
+def _record(
+    problem,
+    method: str,
+    outcome: Outcome,
+    results: "ResultsFile",
+    rows: list[dict],
+    *,
+    dataset: str,
+    scorer: Callable,
+    model_id: str,
+    log: Callable[[str], None] | None,
+) -> None:
     """Score one finished run, append its row (flushed) and log it. A scoring failure is stored as such
     (``score_status`` ``error``), never as a wrong answer; bad scoring options are raised after the row is written."""
     verdict, failure = judge_output(scorer, problem, outcome.text)
@@ -101,14 +161,16 @@ def _record(problem, method: str, outcome: Outcome, results: "ResultsFile", rows
     results.append(row)
     rows.append(row)
     if log is not None:
-        log(f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
-            + _verdict_note(verdict))
+        log(
+            f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s" + _verdict_note(verdict)
+        )
     if failure is not None:
         raise failure
 
 
-def rescore_errors(out: Path, problems: Sequence, methods: Sequence[str], *, scorer: Callable,
-                   log: Callable[[str], None] | None = None) -> list[dict]:
+def rescore_errors(
+    out: Path, problems: Sequence, methods: Sequence[str], *, scorer: Callable, log: Callable[[str], None] | None = None
+) -> list[dict]:
     """Score again, from their stored outputs (no generation), the rows of ``problems`` x ``methods`` whose scoring
     failed (``score_status`` ``error``), once per run, under the folder's lock; replace those rows in
     ``results.jsonl`` (rewritten whole through a temporary file and a rename, every other line as it was), the
@@ -123,18 +185,35 @@ def rescore_errors(out: Path, problems: Sequence, methods: Sequence[str], *, sco
         failure = None
         for i, r in enumerate(rows):
             pair = (r["question_id"], r["method"])
-            if score_status(r) != "error" or pair in lock.rescored or r["question_id"] not in by_id \
-                    or r["method"] not in wanted:
+            if (
+                score_status(r) != "error"
+                or pair in lock.rescored
+                or r["question_id"] not in by_id
+                or r["method"] not in wanted
+            ):
                 continue
             lock.rescored.add(pair)
             verdict, failure = judge_output(scorer, by_id[r["question_id"]], r.get("output", ""))
-            history = list(r.get("score_history") or []) + [{"status": "error", "detail": r.get("score_detail") or {},
-                                                               "tstamp": r.get("scored_at", r.get("tstamp"))}]
-            new[i] = {**r, "score": verdict.score, "score_status": verdict.status, "score_detail": dict(verdict.detail),
-                      "score_history": history, "scored_at": time.time()}
+            history = list(r.get("score_history") or []) + [
+                {
+                    "status": "error",
+                    "detail": r.get("score_detail") or {},
+                    "tstamp": r.get("scored_at", r.get("tstamp")),
+                }
+            ]
+            new[i] = {
+                **r,
+                "score": verdict.score,
+                "score_status": verdict.status,
+                "score_detail": dict(verdict.detail),
+                "score_history": history,
+                "scored_at": time.time(),
+            }
             if log is not None:
-                log(f"{r['question_id']:24} {r['method']:20} scored again from its stored output:"
-                    + (_verdict_note(verdict) or "  unscored"))
+                log(
+                    f"{r['question_id']:24} {r['method']:20} scored again from its stored output:"
+                    + (_verdict_note(verdict) or "  unscored")
+                )
             if failure is not None:
                 break
         if new:
@@ -145,9 +224,22 @@ def rescore_errors(out: Path, problems: Sequence, methods: Sequence[str], *, sco
         return rows
 
 
-def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "ResultsFile", rows: list[dict], *,
-                     dataset: str, settings: dict, encode: Callable, scorer: Callable, model_id: str, vllm,
-                     progress: bool, log: Callable[[str], None] | None) -> None:
+def _run_vllm_method(
+    method: str,
+    problems: Sequence,
+    out: Path,
+    results: "ResultsFile",
+    rows: list[dict],
+    *,
+    dataset: str,
+    settings: dict,
+    encode: Callable,
+    scorer: Callable,
+    model_id: str,
+    vllm,
+    progress: bool,
+    log: Callable[[str], None] | None,
+) -> None:
     """One ``vllm serve`` for ``method``: an untimed warm-up request, then its pending prompts in turn."""
     from tqdm.auto import tqdm
 
@@ -168,34 +260,61 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
     if sized and log is not None:
         log(sized)
     s = settings
-    kw = dict(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"], top_p=s["top_p"],
-              top_k=s["top_k"])
+    kw = dict(
+        max_new_tokens=s["max_new_tokens"],
+        temperature=s["temperature"],
+        seed=s["seed"],
+        top_p=s["top_p"],
+        top_k=s["top_k"],
+    )
     serves, drafter = served(method)  # the loosespec method it serves, its drafter (None: no speculation)
-    server_info = {"dtype": vllm.dtype,
-                   "num_speculative_tokens": None if drafter is None else speculative_tokens(method, vllm),
-                   "fly": serves.loose_window, "concurrency": vllm.concurrency,
-                   "gpu_memory_utilization": vllm.gpu_memory_utilization,
-                   **fly_record(method, vllm)}  # FLy's path (vLLM's native FLy or the plugin) and why
+    server_info = {
+        "dtype": vllm.dtype,
+        "num_speculative_tokens": None if drafter is None else speculative_tokens(method, vllm),
+        "fly": serves.loose_window,
+        "concurrency": vllm.concurrency,
+        "gpu_memory_utilization": vllm.gpu_memory_utilization,
+        **fly_record(method, vllm),
+    }  # FLy's path (vLLM's native FLy or the plugin) and why
 
     def finish(problem, text, token_ids, wall, stats, request):
-        outcome = Outcome(text, token_ids, wall, [], stats,
-                          {"method": method, "engine": "vllm", "request": request, "server": server_info})
+        outcome = Outcome(
+            text,
+            token_ids,
+            wall,
+            [],
+            stats,
+            {"method": method, "engine": "vllm", "request": request, "server": server_info},
+        )
         _record(problem, method, outcome, results, rows, dataset=dataset, scorer=scorer, model_id=model_id, log=log)
 
     with VllmServer(method, vllm, out / "vllm.log") as server:
         first = [int(i) for i in encode(problems[0])[:WARMUP_PROMPT_TOKENS]]
         vllm_generate(server.base_url, first, **{**kw, "max_new_tokens": min(WARMUP_TOKENS, s["max_new_tokens"])})
-        bar = tqdm(total=len(problems), desc=f"bench {dataset} {method}", unit="run", disable=not progress,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=len(problems), desc=f"bench {dataset} {method}", unit="run", disable=not progress, dynamic_ncols=True
+        )
         if vllm.concurrency == 1:  # batch of one: each request's own counters
             for problem in problems:
-                text, token_ids, wall, delta, request = vllm_generate(server.base_url, [int(i) for i in encode(problem)],
-                                                                      **kw)
+                text, token_ids, wall, delta, request = vllm_generate(
+                    server.base_url, [int(i) for i in encode(problem)], **kw
+                )
                 drafts = int(delta["drafts"])
-                finish(problem, text, token_ids, wall,
-                       {"new_tokens": len(token_ids), "rounds": drafts if drafts else len(token_ids),
-                        "drafted_tokens": int(delta["draft_tokens"]), "accepted_tokens": int(delta["accepted"]),
-                        "wall_s": round(wall, 4), "vllm_counters": delta}, request)
+                finish(
+                    problem,
+                    text,
+                    token_ids,
+                    wall,
+                    {
+                        "new_tokens": len(token_ids),
+                        "rounds": drafts if drafts else len(token_ids),
+                        "drafted_tokens": int(delta["draft_tokens"]),
+                        "accepted_tokens": int(delta["accepted"]),
+                        "wall_s": round(wall, 4),
+                        "vllm_counters": delta,
+                    },
+                    request,
+                )
                 bar.update()
         else:  # concurrent load: blocks of `concurrency` requests in flight; counters per block
             from concurrent.futures import ThreadPoolExecutor
@@ -205,10 +324,12 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
             n = vllm.concurrency
             with ThreadPoolExecutor(n) as pool:
                 for b in range(0, len(problems), n):
-                    block = problems[b: b + n]
+                    block = problems[b : b + n]
                     before, t = spec_counters(server.base_url), time.perf_counter()
-                    futures = [pool.submit(vllm_generate, server.base_url, [int(i) for i in encode(p)],
-                                           counters=False, **kw) for p in block]
+                    futures = [
+                        pool.submit(vllm_generate, server.base_url, [int(i) for i in encode(p)], counters=False, **kw)
+                        for p in block
+                    ]
                     done = [f.result() for f in futures]
                     makespan = time.perf_counter() - t
                     after = spec_counters(server.base_url)
@@ -218,10 +339,24 @@ def _run_vllm_method(method: str, problems: Sequence, out: Path, results: "Resul
                     for problem, (text, token_ids, wall, _, request) in zip(block, done):
                         # vLLM's counters cannot be split between requests in flight together: each row's
                         # rounds come from its block's mean accepted length
-                        finish(problem, text, token_ids, wall,
-                               {"new_tokens": len(token_ids), "rounds": max(1, round(len(token_ids) / tau)),
-                                "rounds_from_block": True, "wall_s": round(wall, 4),
-                                "block": {"requests": len(block), "makespan_s": round(makespan, 4),
-                                          "new_tokens": toks, "vllm_counters": delta}}, request)
+                        finish(
+                            problem,
+                            text,
+                            token_ids,
+                            wall,
+                            {
+                                "new_tokens": len(token_ids),
+                                "rounds": max(1, round(len(token_ids) / tau)),
+                                "rounds_from_block": True,
+                                "wall_s": round(wall, 4),
+                                "block": {
+                                    "requests": len(block),
+                                    "makespan_s": round(makespan, 4),
+                                    "new_tokens": toks,
+                                    "vllm_counters": delta,
+                                },
+                            },
+                            request,
+                        )
                         bar.update()
         bar.close()

@@ -13,11 +13,14 @@ from loosespec.eval import datafiles
 from loosespec.eval.datafiles import Problem
 from loosespec.eval.scoring import defines
 
-GSM8K_PROMPT = ("Solve the following math problem step by step. Write each step as its own short paragraph, "
-                "separated by a blank line. End with a line of the form \"The answer is N.\"\n\n{question}")
+GSM8K_PROMPT = (
+    "Solve the following math problem step by step. Write each step as its own short paragraph, "
+    'separated by a blank line. End with a line of the form "The answer is N."\n\n{question}'
+)
 MGSM_PROMPT = GSM8K_PROMPT  # the instruction stays in English for every language (see loosespec.eval.datasets)
-MATH500_PROMPT = ("Solve the following math problem. Reason step by step, and put your final answer within "
-                  "\\boxed{{}}.\n\n{problem}")
+MATH500_PROMPT = (
+    "Solve the following math problem. Reason step by step, and put your final answer within \\boxed{{}}.\n\n{problem}"
+)
 HUMANEVAL_PROMPT = "Complete the following Python function.\n\n```python\n{prompt}```"
 
 MGSM_LANGS = ("en", "de", "fr", "zh", "ja", "es", "ru", "th", "sw", "bn", "te")
@@ -32,30 +35,45 @@ def _names(value: Any, valid: Sequence[str], option: str, dataset: str) -> list[
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         items = [v.strip() for v in value]
     else:
-        raise LoosespecError(f"{dataset}: {option} must be a name or a comma list of names, got {value!r}; "
-                             f"choose from: {', '.join(valid)}")
+        raise LoosespecError(
+            f"{dataset}: {option} must be a name or a comma list of names, got {value!r}; "
+            f"choose from: {', '.join(valid)}"
+        )
     bad = [v for v in items if v not in valid]
     if bad or not items:
-        raise LoosespecError(f"{dataset}: unknown {option} {', '.join(map(repr, bad)) or repr(value)}; "
-                             f"choose from: {', '.join(valid)}")
+        raise LoosespecError(
+            f"{dataset}: unknown {option} {', '.join(map(repr, bad)) or repr(value)}; choose from: {', '.join(valid)}"
+        )
     return list(dict.fromkeys(items))
 
 
 # --------------------------------------------------------------------------------------------- loaders
 
+
 def gsm8k(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` GSM8K test problems, in file order."""
     rows = datafiles.load_rows("gsm8k_test.jsonl", directory)[:limit]
-    return [Problem(f"gsm8k/{i}", "gsm8k", GSM8K_PROMPT.format(question=r["question"]),
-                    r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
+    return [
+        Problem(
+            f"gsm8k/{i}", "gsm8k", GSM8K_PROMPT.format(question=r["question"]), r["answer"].split("####")[-1].strip()
+        )
+        for i, r in enumerate(rows)
+    ]
 
 
 def gsm8k_train(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` GSM8K *train* problems, in file order: for calibration, which must not see the
     test problems the benchmarks score. id ``gsm8k-train/<row>``; category ``gsm8k-train``."""
     rows = datafiles.load_rows("gsm8k_train.jsonl", directory)[:limit]
-    return [Problem(f"gsm8k-train/{i}", "gsm8k-train", GSM8K_PROMPT.format(question=r["question"]),
-                    r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
+    return [
+        Problem(
+            f"gsm8k-train/{i}",
+            "gsm8k-train",
+            GSM8K_PROMPT.format(question=r["question"]),
+            r["answer"].split("####")[-1].strip(),
+        )
+        for i, r in enumerate(rows)
+    ]
 
 
 def mgsm(limit: int | None = None, directory: str | Path | None = None, lang: Any = "en") -> list[Problem]:
@@ -68,27 +86,46 @@ def mgsm(limit: int | None = None, directory: str | Path | None = None, lang: An
     out = []
     for code in langs:
         for r in [r for r in rows if r["lang"] == code][:limit]:
-            out.append(Problem(f"mgsm/{code}/{r['id']}", f"mgsm-{code}", MGSM_PROMPT.format(question=r["question"]),
-                               str(r["answer_number"]),
-                               {"lang": code, "index": r["id"], "answer_text": r["answer_text"]}))
+            out.append(
+                Problem(
+                    f"mgsm/{code}/{r['id']}",
+                    f"mgsm-{code}",
+                    MGSM_PROMPT.format(question=r["question"]),
+                    str(r["answer_number"]),
+                    {"lang": code, "index": r["id"], "answer_text": r["answer_text"]},
+                )
+            )
     return out
 
 
 def math500(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` MATH-500 problems, in file order."""
     rows = datafiles.load_rows("math500_test.jsonl", directory)[:limit]
-    return [Problem(f"math500/{r['unique_id']}", r["subject"], MATH500_PROMPT.format(problem=r["problem"]),
-                    r["answer"], {"level": r["level"], "subject": r["subject"], "unique_id": r["unique_id"]})
-            for r in rows]
+    return [
+        Problem(
+            f"math500/{r['unique_id']}",
+            r["subject"],
+            MATH500_PROMPT.format(problem=r["problem"]),
+            r["answer"],
+            {"level": r["level"], "subject": r["subject"], "unique_id": r["unique_id"]},
+        )
+        for r in rows
+    ]
 
 
 def humaneval(limit: int | None = None, directory: str | Path | None = None) -> list[Problem]:
     """The first ``limit`` HumanEval tasks; ``answer`` is the canonical solution (a function body)."""
     rows = datafiles.load_rows("humaneval.jsonl", directory)[:limit]
-    return [Problem(r["task_id"], "humaneval", HUMANEVAL_PROMPT.format(prompt=r["prompt"]), r["canonical_solution"],
-                    {"task_id": r["task_id"], "prompt": r["prompt"], "test": r["test"],
-                     "entry_point": r["entry_point"]})
-            for r in rows]
+    return [
+        Problem(
+            r["task_id"],
+            "humaneval",
+            HUMANEVAL_PROMPT.format(prompt=r["prompt"]),
+            r["canonical_solution"],
+            {"task_id": r["task_id"], "prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]},
+        )
+        for r in rows
+    ]
 
 
 MBPP_TRAIN_IDS = (601, 974)  # MBPP's train split (1-10 few-shot, 11-510 test, 511-600 validation)
@@ -104,8 +141,10 @@ def _mbpp_entry_point(row: dict) -> str:
     defs = re.findall(r"^def\s+([A-Za-z_]\w*)\s*\(", code, re.M)
     if defs:
         return defs[-1]
-    raise LoosespecError(f"mbpp task {row.get('task_id')}: cannot tell which function it asks for (its first assert "
-                         f"calls no function the reference code defines, and the code has no top-level def)")
+    raise LoosespecError(
+        f"mbpp task {row.get('task_id')}: cannot tell which function it asks for (its first assert "
+        f"calls no function the reference code defines, and the code has no top-level def)"
+    )
 
 
 def _mbpp_signature(code: str, entry: str) -> str:
@@ -155,8 +194,15 @@ def mbpp_train(limit: int | None = None, directory: str | Path | None = None) ->
     for r in rows:
         entry = _mbpp_entry_point(r)
         stub = _mbpp_stub(r, entry)
-        out.append(Problem(f"mbpp-train/{r['task_id']}", "mbpp-train", HUMANEVAL_PROMPT.format(prompt=stub), r["code"],
-                           {"task_id": r["task_id"], "prompt": stub, "test": _mbpp_test(r, entry), "entry_point": entry}))
+        out.append(
+            Problem(
+                f"mbpp-train/{r['task_id']}",
+                "mbpp-train",
+                HUMANEVAL_PROMPT.format(prompt=stub),
+                r["code"],
+                {"task_id": r["task_id"], "prompt": stub, "test": _mbpp_test(r, entry), "entry_point": entry},
+            )
+        )
     return out
 
 
@@ -171,8 +217,11 @@ def specbench(limit: int | None = None, directory: str | Path | None = None, cat
     categories round-robin (writing, roleplay, ..., then the second of each), so a small limit
     still covers them."""
     rows = datafiles.load_rows("spec_bench_question.jsonl", directory)
-    groups = (list(SPECBENCH_TASKS) if category is None
-              else _names(category, SPECBENCH_TASKS + MTBENCH_CATEGORIES, "category", "specbench"))
+    groups = (
+        list(SPECBENCH_TASKS)
+        if category is None
+        else _names(category, SPECBENCH_TASKS + MTBENCH_CATEGORIES, "category", "specbench")
+    )
     out, seen = [], set()
     for g in groups:
         picked = [r for r in rows if (_specbench_task(r) if g in SPECBENCH_TASKS else r["category"]) == g]
@@ -184,8 +233,12 @@ def specbench(limit: int | None = None, directory: str | Path | None = None, cat
             if r["question_id"] in seen:  # e.g. category="mt_bench,writing"
                 continue
             seen.add(r["question_id"])
-            meta = {"question_id": r["question_id"], "task": _specbench_task(r), "category": r["category"],
-                    "turns": len(r["turns"])}
+            meta = {
+                "question_id": r["question_id"],
+                "task": _specbench_task(r),
+                "category": r["category"],
+                "turns": len(r["turns"]),
+            }
             if r.get("reference"):
                 meta["reference"] = r["reference"]
             out.append(Problem(f"specbench/{r['question_id']}", meta["task"], r["turns"][0], None, meta))
@@ -202,4 +255,3 @@ def mtbench(limit: int | None = None, directory: str | Path | None = None) -> li
             meta["reference"] = r["reference"]
         out.append(Problem(f"mtbench/{r['question_id']}", r["category"], r["turns"][0], None, meta))
     return out
-

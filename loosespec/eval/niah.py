@@ -15,9 +15,34 @@ from loosespec.eval.datafiles import Problem
 
 NIAH_NEEDLE = "The secret access code for the Dolores Park sandwich shop is {code}."
 NIAH_QUESTION = "What is the secret access code for the Dolores Park sandwich shop? Answer with the code only."
-NIAH_WORDS = ("ALPHA", "BRAVO", "CHARLIE", "DELTA", "ECHO", "FOXTROT", "GOLF", "HOTEL", "INDIA", "JULIET", "KILO",
-              "LIMA", "MIKE", "NOVEMBER", "OSCAR", "PAPA", "QUEBEC", "ROMEO", "SIERRA", "TANGO", "UNIFORM",
-              "VICTOR", "WHISKEY", "XRAY", "YANKEE", "ZULU")
+NIAH_WORDS = (
+    "ALPHA",
+    "BRAVO",
+    "CHARLIE",
+    "DELTA",
+    "ECHO",
+    "FOXTROT",
+    "GOLF",
+    "HOTEL",
+    "INDIA",
+    "JULIET",
+    "KILO",
+    "LIMA",
+    "MIKE",
+    "NOVEMBER",
+    "OSCAR",
+    "PAPA",
+    "QUEBEC",
+    "ROMEO",
+    "SIERRA",
+    "TANGO",
+    "UNIFORM",
+    "VICTOR",
+    "WHISKEY",
+    "XRAY",
+    "YANKEE",
+    "ZULU",
+)
 
 
 def approx_tokens(text: str) -> int:
@@ -45,9 +70,9 @@ def _cut(text: str, n: int) -> str:
     start = max(0, n - 200)
     stops = [m.end() for m in _SENTENCE_STOP.finditer(text, start, n)]
     if stops:
-        return text[:stops[-1]]
+        return text[: stops[-1]]
     space = max(text.rfind(" ", 0, n), text.rfind("\n", 0, n))
-    return text[:space if space > 0 else n].rstrip()
+    return text[: space if space > 0 else n].rstrip()
 
 
 def _fit_prefix(text: str, budget: int, count: Callable[[str], int]) -> str:
@@ -122,10 +147,14 @@ def _depths(value: Any) -> list[float]:
     return out
 
 
-def niah(limit: int | None = None, directory: str | Path | None = None,
-         context_lengths: Any = (1024, 2048, 4096), depths: Any = (0.0, 0.25, 0.5, 0.75, 1.0),
-         count_tokens: Callable[[str], int] | None = None,
-         seed: int = 0) -> list[Problem]:  # the generator's seed (not a knob)
+def niah(
+    limit: int | None = None,
+    directory: str | Path | None = None,
+    context_lengths: Any = (1024, 2048, 4096),
+    depths: Any = (0.0, 0.25, 0.5, 0.75, 1.0),
+    count_tokens: Callable[[str], int] | None = None,
+    seed: int = 0,  # the generator's seed (not a knob)
+) -> list[Problem]:
     """Needle-in-a-haystack prompts, one per (context length, depth), ordered by length then depth.
 
     The haystack is the Paul Graham essays (``rss`` dropped) joined by blank lines in file order,
@@ -164,8 +193,10 @@ def niah(limit: int | None = None, directory: str | Path | None = None,
         if L not in prefixes:
             reserve = count(needle + " ") + count(question) + 2
             if L - reserve < 16:
-                raise LoosespecError(f"niah: context length {L} is too short for the needle and question "
-                                     f"(about {reserve} tokens); use at least {reserve + 64}")
+                raise LoosespecError(
+                    f"niah: context length {L} is too short for the needle and question "
+                    f"(about {reserve} tokens); use at least {reserve + 64}"
+                )
             text = haystack
             if count(haystack[-20000:]) * len(haystack) / 20000 < 1.5 * (L - reserve):  # may not fit: repeat
                 while count(text) <= L - reserve:
@@ -179,9 +210,21 @@ def niah(limit: int | None = None, directory: str | Path | None = None,
             if tokens <= L:
                 break
             context = _cut(context, len(context) - max(8, 6 * (tokens - L)))  # rare: boundary tokens differ
-        out.append(Problem(f"niah/{L}/{float(d)}", f"niah-{L}", prompt, codes[L, d],
-                           {"context_length": L, "depth": float(d), "needle": needle, "code": codes[L, d],
-                            "position": round(pos / max(len(body), 1), 4), "tokens": tokens,
-                            "token_counter": "count_tokens" if count_tokens else "approx_tokens"}))
+        out.append(
+            Problem(
+                f"niah/{L}/{float(d)}",
+                f"niah-{L}",
+                prompt,
+                codes[L, d],
+                {
+                    "context_length": L,
+                    "depth": float(d),
+                    "needle": needle,
+                    "code": codes[L, d],
+                    "position": round(pos / max(len(body), 1), 4),
+                    "tokens": tokens,
+                    "token_counter": "count_tokens" if count_tokens else "approx_tokens",
+                },
+            )
+        )
     return out
-

@@ -29,9 +29,14 @@ def _utc_now() -> str:
 
 # the files each evaluation set's loader reads (loosespec.eval.datasets), hashed into every run's provenance
 DATASET_FILES: dict[str, tuple[str, ...]] = {
-    "gsm8k": ("gsm8k_test.jsonl",), "gsm8k-train": ("gsm8k_train.jsonl",), "mgsm": ("mgsm.jsonl",),
-    "math500": ("math500_test.jsonl",), "humaneval": ("humaneval.jsonl",), "mbpp-train": ("mbpp.jsonl",),
-    "specbench": ("spec_bench_question.jsonl",), "mtbench": ("mt_bench_question.jsonl",),
+    "gsm8k": ("gsm8k_test.jsonl",),
+    "gsm8k-train": ("gsm8k_train.jsonl",),
+    "mgsm": ("mgsm.jsonl",),
+    "math500": ("math500_test.jsonl",),
+    "humaneval": ("humaneval.jsonl",),
+    "mbpp-train": ("mbpp.jsonl",),
+    "specbench": ("spec_bench_question.jsonl",),
+    "mtbench": ("mt_bench_question.jsonl",),
     "niah": ("paul_graham_essays.jsonl",),
 }
 
@@ -53,8 +58,9 @@ def file_sha256(path: Path) -> str:
 
 def _git(args: Sequence[str], cwd: Path) -> str | None:
     try:
-        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip() if r.returncode == 0 else None
@@ -101,9 +107,14 @@ def model_provenance(spec: str | None, revision: str | None = None) -> dict | No
         if spec in EMBEDDED:
             e = EMBEDDED[spec]
             marker = hf_dir(spec) / READY_MARKER
-            return {"spec": spec, "kind": "embedded", "revision": e.sha256, "gguf_sha256": e.sha256,
-                    "original_id": e.original_id,
-                    "converted": json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None}
+            return {
+                "spec": spec,
+                "kind": "embedded",
+                "revision": e.sha256,
+                "gguf_sha256": e.sha256,
+                "original_id": e.original_id,
+                "converted": json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None,
+            }
         p = Path(spec).expanduser()
         if spec.endswith(".gguf") and p.is_file():
             sha = file_sha256(p)
@@ -111,8 +122,12 @@ def model_provenance(spec: str | None, revision: str | None = None) -> dict | No
         if p.is_dir():
             files = {f.name: file_sha256(f) for f in sorted(p.iterdir()) if f.is_file() and not f.name.startswith(".")}
             return {"spec": spec, "kind": "local", "path": str(p.resolve()), "revision": "local", "files": files}
-        return {"spec": spec, "kind": "hub", "revision": revision or _hub_revision(spec),
-                "requested_revision": revision}
+        return {
+            "spec": spec,
+            "kind": "hub",
+            "revision": revision or _hub_revision(spec),
+            "requested_revision": revision,
+        }
     except Exception as e:  # provenance never stops a run
         return {"spec": spec, "error": f"{type(e).__name__}: {e}"}
 
@@ -136,8 +151,9 @@ def data_provenance(dataset: str, data_dir: str | Path | None = None) -> dict:
     return out
 
 
-def run_provenance(config: dict, *, data_dir: str | Path | None = None, argv: Sequence[str] | None = None,
-                   sandbox: str | None = None) -> dict:
+def run_provenance(
+    config: dict, *, data_dir: str | Path | None = None, argv: Sequence[str] | None = None, sandbox: str | None = None
+) -> dict:
     """One run's entry in config.json's ``runs``: ``id`` (each row's ``run_id``), ``argv`` (``sys.argv``),
     ``date`` (UTC, ISO 8601), ``loosespec`` (the version), ``git_commit`` / ``git_dirty``
     (:func:`source_checkout`), ``models`` (``target`` and ``draft``, :func:`model_provenance`; a Hub id's revision
@@ -146,9 +162,15 @@ def run_provenance(config: dict, *, data_dir: str | Path | None = None, argv: Se
     none: absent). Nothing here is compared on resume."""
     from loosespec import __version__
 
-    return {"id": uuid.uuid4().hex[:12], "argv": list(sys.argv if argv is None else argv), "date": _utc_now(),
-            "loosespec": __version__, **source_checkout(),
-            "models": {role: model_provenance(config.get(role), config.get(f"{role}_revision"))
-                       for role in ("target", "draft")},
-            "data_files": data_provenance(config.get("dataset", ""), data_dir),
-            **({} if sandbox is None else {"sandbox": sandbox})}
+    return {
+        "id": uuid.uuid4().hex[:12],
+        "argv": list(sys.argv if argv is None else argv),
+        "date": _utc_now(),
+        "loosespec": __version__,
+        **source_checkout(),
+        "models": {
+            role: model_provenance(config.get(role), config.get(f"{role}_revision")) for role in ("target", "draft")
+        },
+        "data_files": data_provenance(config.get("dataset", ""), data_dir),
+        **({} if sandbox is None else {"sandbox": sandbox}),
+    }

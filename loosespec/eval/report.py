@@ -31,9 +31,12 @@ def format_table(summary: dict) -> str:
     # under concurrent load (vLLM, --vllm-concurrency N) tok/s is each request's own rate; the column
     # "throughput tok/s" is what the server delivered: every request's tokens over the time the blocks took
     load = any("throughput_tokens_per_s" in s for s in summary["methods"].values())
-    head = ("| method | n | speedup (95% CI) | tok/s |" + (" throughput tok/s |" if load else "")
-            + " mean accepted length | acceptance rate | accuracy (95% CI) "
-            "| recovery | ar right, method wrong | ar wrong, method right | McNemar p | identical to ar |")
+    head = (
+        "| method | n | speedup (95% CI) | tok/s |"
+        + (" throughput tok/s |" if load else "")
+        + " mean accepted length | acceptance rate | accuracy (95% CI) "
+        "| recovery | ar right, method wrong | ar wrong, method right | McNemar p | identical to ar |"
+    )
     lines = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
     for m, s in summary["methods"].items():
         ci = s.get("speedup_ci95")
@@ -46,10 +49,11 @@ def format_table(summary: dict) -> str:
             acc = f"{s['accuracy']:.2f} ({a[0]:.2f}-{a[1]:.2f})"
         lines.append(
             f"| {m}{' (lossy)' if s['lossy'] else ''} | {s['prompts']} | {speed} | {_fmt(s['tokens_per_s'])} | "
-            + (f"{_fmt(s.get('throughput_tokens_per_s'))} | " if load else "") +
-            f"{_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance_rate'])} | {acc} | {_fmt(s.get('recovery'))} | "
+            + (f"{_fmt(s.get('throughput_tokens_per_s'))} | " if load else "")
+            + f"{_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance_rate'])} | {acc} | {_fmt(s.get('recovery'))} | "
             f"{s.get('ar_right_method_wrong', '-')} | {s.get('ar_wrong_method_right', '-')} | {_fmt(s.get('mcnemar_p'), '.3g')} | "
-            f"{_fmt(s['identical_to_ar'])} |")
+            f"{_fmt(s['identical_to_ar'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -60,9 +64,11 @@ def format_drafting_table(summary: dict) -> str:
     rows = [(m, s) for m, s in summary["methods"].items() if "draft_levels" in s or "fly_deferred" in s]
     if not rows:
         return ""
-    lines = ["| method | rounds | lookup only | draft model | no draft | explored | could defer | deferrals "
-             "| official accept rate (rescues / mismatches) | window counts |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| method | rounds | lookup only | draft model | no draft | explored | could defer | deferrals "
+        "| official accept rate (rescues / mismatches) | window counts |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for m, s in rows:
         lv = s.get("draft_levels") or {}
         pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
@@ -70,13 +76,16 @@ def format_drafting_table(summary: dict) -> str:
         total = s.get("level_rounds")
         rate = "-"
         if s.get("fly_initial_mismatches"):
-            rate = f"{s['fly_window_rescues'] / s['fly_initial_mismatches']:.3f} ({s['fly_window_rescues']} / " \
-                   f"{s['fly_initial_mismatches']})"
-        lines.append(f"| {m}{' (lossy)' if s['lossy'] else ''} | {total if total else '-'} | {pct(lv.get('lookup'))} | "
-                     f"{pct(lv.get('model'))} | {pct(lv.get('none'))} | {s.get('rounds_explore', 0) if lv else '-'} | "
-                     + (f"{deferrable}" + (f" ({pct(deferrable / total)})" if total else "") if deferrable is not None
-                        else "-")
-                     + f" | {s.get('fly_deferred', '-')} | {rate} | {s.get('fly_window_meaning', '-')} |")
+            rate = (
+                f"{s['fly_window_rescues'] / s['fly_initial_mismatches']:.3f} ({s['fly_window_rescues']} / "
+                f"{s['fly_initial_mismatches']})"
+            )
+        lines.append(
+            f"| {m}{' (lossy)' if s['lossy'] else ''} | {total if total else '-'} | {pct(lv.get('lookup'))} | "
+            f"{pct(lv.get('model'))} | {pct(lv.get('none'))} | {s.get('rounds_explore', 0) if lv else '-'} | "
+            + (f"{deferrable}" + (f" ({pct(deferrable / total)})" if total else "") if deferrable is not None else "-")
+            + f" | {s.get('fly_deferred', '-')} | {rate} | {s.get('fly_window_meaning', '-')} |"
+        )
     return "\n".join(lines)
 
 
@@ -86,20 +95,27 @@ def format_machine_table(summary: dict) -> str:
     for label, on in summary.get("machines", {}).items():
         for m, s in on["methods"].items():
             ci = s.get("speedup_ci95")
-            lines.append(f"| {label} | {m} | {s['prompts']} | {_fmt(s['speedup'])}x"
-                         + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" | {_fmt(s['tokens_per_s'])} |")
+            lines.append(
+                f"| {label} | {m} | {s['prompts']} | {_fmt(s['speedup'])}x"
+                + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+                + f" | {_fmt(s['tokens_per_s'])} |"
+            )
     return "\n".join(lines)
 
 
 def format_category_table(summary: dict) -> str:
     """Per category and method: n, speedup, mean accepted length, accuracy, recovery, identical to ar."""
-    lines = ["| category | method | n | speedup | mean accepted length | accuracy | recovery | identical to ar |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| category | method | n | speedup | mean accepted length | accuracy | recovery | identical to ar |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for cat, per in summary["categories"].items():
         for m, s in per.items():
-            lines.append(f"| {cat} | {m}{' (lossy)' if s['lossy'] else ''} | {s['prompts']} | {_fmt(s['speedup'])}x | "
-                         f"{_fmt(s['mean_accepted_length'])} | {_fmt(s.get('accuracy'))} | {_fmt(s.get('recovery'))} | "
-                         f"{_fmt(s['identical_to_ar'])} |")
+            lines.append(
+                f"| {cat} | {m}{' (lossy)' if s['lossy'] else ''} | {s['prompts']} | {_fmt(s['speedup'])}x | "
+                f"{_fmt(s['mean_accepted_length'])} | {_fmt(s.get('accuracy'))} | {_fmt(s.get('recovery'))} | "
+                f"{_fmt(s['identical_to_ar'])} |"
+            )
     return "\n".join(lines)
 
 
@@ -109,12 +125,17 @@ def summary_notes(summary: dict) -> list[str]:
     notes = []
     errors = {m: s["score_errors"] for m, s in summary["methods"].items() if s.get("score_errors")}
     if errors:
-        notes.append(f"Scoring failed for {sum(errors.values())} row(s) ("
-                     + ", ".join(f"{m} {n}" for m, n in errors.items()) + "): no answer, left out of accuracy, "
-                     "recovery and McNemar; a resumed `loosespec bench` scores them again.")
+        notes.append(
+            f"Scoring failed for {sum(errors.values())} row(s) ("
+            + ", ".join(f"{m} {n}" for m, n in errors.items())
+            + "): no answer, left out of accuracy, "
+            "recovery and McNemar; a resumed `loosespec bench` scores them again."
+        )
     if summary.get("repeated_pairs"):
-        notes.append(f"results.jsonl repeats {summary['repeated_pairs']} (question, method) pair row(s) (two runs "
-                     "appended to one folder?): each pair is counted once.")
+        notes.append(
+            f"results.jsonl repeats {summary['repeated_pairs']} (question, method) pair row(s) (two runs "
+            "appended to one folder?): each pair is counted once."
+        )
     return notes
 
 
@@ -146,12 +167,19 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
             ys = [summary["categories"][c].get(m, {}).get("speedup") for c in cats]
             xs = [j + i * width for j in range(len(cats))]
             # a method that did not run in a category has no bar (and says so), never a bar of height 0
-            ax.bar(xs, [math.nan if y is None else y for y in ys], width,
-                   label=m + (" (lossy)" if is_lossy(m) else ""))
+            ax.bar(xs, [math.nan if y is None else y for y in ys], width, label=m + (" (lossy)" if is_lossy(m) else ""))
             for x, y in zip(xs, ys):
                 if y is None:
-                    ax.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=6,
-                            transform=ax.get_xaxis_transform())
+                    ax.text(
+                        x,
+                        0.02,
+                        "n/a",
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=6,
+                        transform=ax.get_xaxis_transform(),
+                    )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20, ha="right")
         ax.set_ylabel("speedup over ar (wall time)")
@@ -207,14 +235,17 @@ def sweeps(methods: Sequence[str]) -> dict[str, dict[str, list[tuple[float, str]
         knobs = variant_knobs(m)
         if len(knobs) != 1:
             continue
-        (knob, value), = knobs.items()
+        ((knob, value),) = knobs.items()
         try:
             x = float(value)
         except ValueError:
             continue  # a categorical knob has no axis
         out[knob][base_name(m)].append((x, m))
-    return {k: {b: sorted(v) for b, v in per.items() if len(v) > 1} for k, per in out.items()
-            if any(len(v) > 1 for v in per.values())}
+    return {
+        k: {b: sorted(v) for b, v in per.items() if len(v) > 1}
+        for k, per in out.items()
+        if any(len(v) > 1 for v in per.values())
+    }
 
 
 def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
@@ -230,21 +261,36 @@ def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
             s = [summary["methods"][m] for _, m in points]
             ys = [r.get("speedup") for r in s]
             ci = [r.get("speedup_ci95") or (y, y) for r, y in zip(s, ys)]
-            err = [[y - lo if y is not None and lo is not None else 0 for y, (lo, _) in zip(ys, ci)],
-                   [hi - y if y is not None and hi is not None else 0 for y, (_, hi) in zip(ys, ci)]]
-            axes[0][0].errorbar(xs, [math.nan if y is None else y for y in ys], yerr=err, marker="o", ms=4,
-                                capsize=3, label=label)
+            err = [
+                [y - lo if y is not None and lo is not None else 0 for y, (lo, _) in zip(ys, ci)],
+                [hi - y if y is not None and hi is not None else 0 for y, (_, hi) in zip(ys, ci)],
+            ]
+            axes[0][0].errorbar(
+                xs, [math.nan if y is None else y for y in ys], yerr=err, marker="o", ms=4, capsize=3, label=label
+            )
             if scored:
-                axes[0][1].plot(xs, [math.nan if r.get("accuracy") is None else r["accuracy"] for r in s],
-                                marker="o", ms=4, label=label)
+                axes[0][1].plot(
+                    xs,
+                    [math.nan if r.get("accuracy") is None else r["accuracy"] for r in s],
+                    marker="o",
+                    ms=4,
+                    label=label,
+                )
         axes[0][0].axhline(1.0, color="black", lw=0.8, ls="--")
         axes[0][0].set_xlabel(knob)
         axes[0][0].set_ylabel("speedup over ar (wall time)")
         axes[0][0].set_title(f"Speedup against {knob}")
         axes[0][0].legend(fontsize=7)
         if scored:
-            ar_acc = next((summary["methods"][m].get("ar_accuracy") for v in per_base.values() for _, m in v
-                           if summary["methods"][m].get("ar_accuracy") is not None), None)
+            ar_acc = next(
+                (
+                    summary["methods"][m].get("ar_accuracy")
+                    for v in per_base.values()
+                    for _, m in v
+                    if summary["methods"][m].get("ar_accuracy") is not None
+                ),
+                None,
+            )
             if ar_acc is not None:
                 axes[0][1].axhline(ar_acc, color="black", lw=0.8, ls="--", label="ar")
             axes[0][1].set_xlabel(knob)
@@ -255,8 +301,9 @@ def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
     return paths
 
 
-def report(out: Path, methods: Sequence[str] | None = None, config: dict | None = None,
-           draw: bool = True, write: bool = True) -> tuple[dict, str]:
+def report(
+    out: Path, methods: Sequence[str] | None = None, config: dict | None = None, draw: bool = True, write: bool = True
+) -> tuple[dict, str]:
     """(Re)build ``summary.json`` (unless not ``write``), the table and the plots from ``DIR/results.jsonl``.
 
     Reading changes nothing (a torn last line is skipped, :meth:`ResultsFile.read`); ``summary.json`` and the
@@ -281,17 +328,23 @@ def report(out: Path, methods: Sequence[str] | None = None, config: dict | None 
         text += "\n\n" + "\n".join(notes)
     drafting = format_drafting_table(summary)
     if drafting:
-        text += "\n\nWhat ran (share of rounds by draft level; FLy: rounds long enough to defer, deferrals):\n\n" + drafting
+        text += (
+            "\n\nWhat ran (share of rounds by draft level; FLy: rounds long enough to defer, deferrals):\n\n" + drafting
+        )
     if len(summary["categories"]) > 1:
         text += "\n\nBy category:\n\n" + format_category_table(summary)
     if summary.get("machines"):
-        text += ("\n\nTimed on several machines; speedup pairs each row with ar's on the same prompt and machine. "
-                 "By machine:\n\n" + format_machine_table(summary))
+        text += (
+            "\n\nTimed on several machines; speedup pairs each row with ar's on the same prompt and machine. "
+            "By machine:\n\n" + format_machine_table(summary)
+        )
     if write or draw:
         with _derived_writes(out) as holder:
             if holder is not None:
-                warnings.warn(f"{out} is being written by another run ({holder}): summary.json and the plots are "
-                              f"left to it", stacklevel=2)
+                warnings.warn(
+                    f"{out} is being written by another run ({holder}): summary.json and the plots are left to it",
+                    stacklevel=2,
+                )
             else:
                 if write:
                     atomic_write_text(out / SUMMARY, json.dumps(summary, indent=1) + "\n")

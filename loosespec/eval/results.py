@@ -151,8 +151,10 @@ class RunLock:
     def acquire(self) -> "RunLock":
         """Take the lock, or fail at once with one line naming the folder and the holder's pid."""
         if not self.try_acquire():
-            raise LoosespecError(f"{self.out} is being written by another run ({lock_holder(self.out)}); two runs "
-                                 f"on one folder would append the same pairs twice: wait for it, or use another --out")
+            raise LoosespecError(
+                f"{self.out} is being written by another run ({lock_holder(self.out)}); two runs "
+                f"on one folder would append the same pairs twice: wait for it, or use another --out"
+            )
         return self
 
     def release(self) -> None:
@@ -243,7 +245,7 @@ class ResultsFile:
         lines = data.split(b"\n")
         for i, raw in enumerate(lines):
             end = pos + len(raw)
-            is_last = all(not x.strip() for x in lines[i + 1:])
+            is_last = all(not x.strip() for x in lines[i + 1 :])
             if raw.strip():
                 try:
                     row = json.loads(raw)
@@ -253,8 +255,10 @@ class ResultsFile:
                         raise ValueError("unterminated line")
                 except ValueError as e:
                     if not is_last:
-                        raise LoosespecError(f"{self.path}: line {i + 1} is damaged ({e}) and is not the last line; "
-                                             f"repair or remove it before resuming") from None
+                        raise LoosespecError(
+                            f"{self.path}: line {i + 1} is damaged ({e}) and is not the last line; "
+                            f"repair or remove it before resuming"
+                        ) from None
                     return _Scan(rows, spans, data, (i + 1, pos, str(e)))
                 rows.append(row)
                 spans.append((pos, end))
@@ -267,8 +271,11 @@ class ResultsFile:
         scan = self._scan()
         if scan.torn is not None:
             line_no, _, why = scan.torn
-            warnings.warn(f"{self.path}: skipped a torn last line {line_no} ({why}); a run may still be writing it. "
-                          f"Nothing was changed (the next `loosespec bench` on this folder repairs it)", stacklevel=2)
+            warnings.warn(
+                f"{self.path}: skipped a torn last line {line_no} ({why}); a run may still be writing it. "
+                f"Nothing was changed (the next `loosespec bench` on this folder repairs it)",
+                stacklevel=2,
+            )
         return scan.rows
 
     def repair(self) -> list[dict]:
@@ -289,8 +296,11 @@ class ResultsFile:
             os.fsync(f.fileno())
         with open(self.path, "r+b") as f:
             f.truncate(keep)
-        warnings.warn(f"{self.path}: dropped a torn last line {line_no} ({why}); it was saved to {corrupt} "
-                      f"and its (question, method) pair will run again", stacklevel=3)
+        warnings.warn(
+            f"{self.path}: dropped a torn last line {line_no} ({why}); it was saved to {corrupt} "
+            f"and its (question, method) pair will run again",
+            stacklevel=3,
+        )
 
     def replace(self, new: dict[int, dict]) -> None:
         """Replace rows by their index in :meth:`repair`'s list: the file is rewritten whole through a temporary
@@ -341,8 +351,11 @@ def unique_rows(rows: Sequence[dict], where: str = "results", warn: bool = True)
             out[keep[key]] = r
     repeated = len(rows) - len(out)
     if repeated and warn:
-        warnings.warn(f"{where}: {repeated} repeated (question, method) pair row(s) (two runs appended to one "
-                      f"folder?): each pair is counted once", stacklevel=2)
+        warnings.warn(
+            f"{where}: {repeated} repeated (question, method) pair row(s) (two runs appended to one "
+            f"folder?): each pair is counted once",
+            stacklevel=2,
+        )
     return out, repeated
 
 
@@ -359,12 +372,15 @@ def read_config(out: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise LoosespecError(f"{path} is damaged ({e.msg} at line {e.lineno} column {e.colno}): restore it from a "
-                             f"copy (it names the settings {path.parent}'s results ran with) or use another "
-                             f"--out") from None
+        raise LoosespecError(
+            f"{path} is damaged ({e.msg} at line {e.lineno} column {e.colno}): restore it from a "
+            f"copy (it names the settings {path.parent}'s results ran with) or use another "
+            f"--out"
+        ) from None
     except UnicodeDecodeError as e:
-        raise LoosespecError(f"{path} is damaged (not UTF-8 text: {e.reason}): restore it from a copy or use "
-                             f"another --out") from None
+        raise LoosespecError(
+            f"{path} is damaged (not UTF-8 text: {e.reason}): restore it from a copy or use another --out"
+        ) from None
     if not isinstance(data, dict):
         raise LoosespecError(f"{path} is damaged (not a JSON object): restore it from a copy or use another --out")
     return data
@@ -384,15 +400,19 @@ def check_config(out: Path, config: dict, provenance: dict | None = None) -> Non
     with _writing(out):
         if path.exists():
             stored = read_config(out)
-            old = {**{k: v for k, v in LEGACY_CONFIG.items() if k in config},
-                   **{k: v for k, v in stored.items() if k not in PROVENANCE_KEYS}}
+            old = {
+                **{k: v for k, v in LEGACY_CONFIG.items() if k in config},
+                **{k: v for k, v in stored.items() if k not in PROVENANCE_KEYS},
+            }
             if "draft_dtype" in config and "draft_dtype" not in old:  # written before the draft had its own precision
                 old["draft_dtype"] = old.get("dtype") if old.get("draft") else None
             diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
             if diff:
                 lines = "; ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in diff)
-                raise LoosespecError(f"{out} holds results of a different configuration ({lines}); "
-                                     f"use another --out directory, or rerun with the same settings")
+                raise LoosespecError(
+                    f"{out} holds results of a different configuration ({lines}); "
+                    f"use another --out directory, or rerun with the same settings"
+                )
             if provenance is not None:
                 runs = stored.get(RUNS) if isinstance(stored.get(RUNS), list) else []
                 atomic_write_text(path, _dump_config({**stored, RUNS: runs + [provenance]}))
@@ -400,8 +420,14 @@ def check_config(out: Path, config: dict, provenance: dict | None = None) -> Non
         atomic_write_text(path, _dump_config({**config, **({RUNS: [provenance]} if provenance is not None else {})}))
 
 
-def open_run(out: Path, config: dict, *, data_dir: str | Path | None = None,
-             command: str = "loosespec bench", sandbox: str | None = None) -> RunLock:
+def open_run(
+    out: Path,
+    config: dict,
+    *,
+    data_dir: str | Path | None = None,
+    command: str = "loosespec bench",
+    sandbox: str | None = None,
+) -> RunLock:
     """Start a run on ``DIR``: take its lock (one line naming DIR and the holder's pid if another run holds it),
     check ``config`` against ``config.json`` and record this run's provenance there (:func:`run_provenance`),
     and repair a torn last line of ``results.jsonl``. Returns the held :class:`RunLock` (``rows``: the results
@@ -440,11 +466,24 @@ def export_spec_bench(rows: Sequence[dict], dest: Path) -> list[Path]:
     return paths
 
 
-def run_config(*, target: str, draft: str | None, dtype: str, device: str, dataset: str, options: dict,
-               max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
-               sg_tau: float | None, scorer: str,
-               adaptive_draft_length: bool = knob_default("adaptive_draft_length"),
-               draft_dtype: str | None = None) -> dict:
+def run_config(
+    *,
+    target: str,
+    draft: str | None,
+    dtype: str,
+    device: str,
+    dataset: str,
+    options: dict,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int,
+    sg_tau: float | None,
+    scorer: str,
+    adaptive_draft_length: bool = knob_default("adaptive_draft_length"),
+    draft_dtype: str | None = None,
+) -> dict:
     """What the numbers in a results directory depend on (compared on every resume). ``draft_dtype``: the draft's
     precision (None: the target's, or no draft)."""
     import torch
@@ -452,10 +491,25 @@ def run_config(*, target: str, draft: str | None, dtype: str, device: str, datas
 
     from loosespec import __version__
 
-    return {"target": target, "draft": draft, "dtype": dtype, "device": device, "dataset": dataset,
-            "draft_dtype": None if draft is None else draft_dtype or dtype,
-            "dataset_options": options, "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "top_p": top_p, "top_k": top_k, "seed": seed, "sg_tau": sg_tau, "scorer": scorer,
-            "adaptive_draft_length": adaptive_draft_length, "fly_window_meaning": FLY_WINDOW_MEANING,
-            "loosespec": __version__, "torch": torch.__version__.split("+")[0],
-            "transformers": transformers.__version__, "machine": platform.machine()}
+    return {
+        "target": target,
+        "draft": draft,
+        "dtype": dtype,
+        "device": device,
+        "dataset": dataset,
+        "draft_dtype": None if draft is None else draft_dtype or dtype,
+        "dataset_options": options,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "sg_tau": sg_tau,
+        "scorer": scorer,
+        "adaptive_draft_length": adaptive_draft_length,
+        "fly_window_meaning": FLY_WINDOW_MEANING,
+        "loosespec": __version__,
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+    }

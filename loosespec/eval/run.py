@@ -49,8 +49,17 @@ class Outcome:
     config: dict = field(default_factory=dict)
 
 
-def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: float, seed: int,
-                top_p: float = knob_default("top_p"), top_k: int = knob_default("top_k")) -> Outcome:
+def hf_generate(
+    engine,
+    method: str,
+    ids,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    top_p: float = knob_default("top_p"),
+    top_k: int = knob_default("top_k"),
+) -> Outcome:
     """transformers' own ``generate`` on the same loaded model(s) and prompt ids."""
     import torch
     from transformers import GenerationConfig
@@ -59,9 +68,13 @@ def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: f
 
     eos = sorted(engine.stop_ids)
     sample = temperature > 0
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=eos,
-                  pad_token_id=engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else eos[0],
-                  **HF_GENERATION_KWARGS[method])
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        eos_token_id=eos,
+        pad_token_id=engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else eos[0],
+        **HF_GENERATION_KWARGS[method],
+    )
     if sample:
         kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
     else:  # the checkpoints' sampling defaults would only produce warnings under greedy decoding
@@ -76,13 +89,17 @@ def hf_generate(engine, method: str, ids, *, max_new_tokens: int, temperature: f
     sync(engine.device)
     t = time.perf_counter()
     with torch.inference_mode():
-        out = engine.target.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gc,
-                                           streamer=counter, **extra)
+        out = engine.target.model.generate(
+            inp, attention_mask=torch.ones_like(inp), generation_config=gc, streamer=counter, **extra
+        )
     sync(engine.device)
     wall = time.perf_counter() - t
-    new = out[0, inp.shape[1]:].tolist()  # batch of one: ends at the first end token, no padding
+    new = out[0, inp.shape[1] :].tolist()  # batch of one: ends at the first end token, no padding
     text = engine.tokenizer.decode(new, skip_special_tokens=True)
-    cfg = {"method": method, "generate_kwargs": {k: v for k, v in kwargs.items() if v is not None and k != "eos_token_id"}}
+    cfg = {
+        "method": method,
+        "generate_kwargs": {k: v for k, v in kwargs.items() if v is not None and k != "eos_token_id"},
+    }
     return Outcome(text, new, wall, counter.lengths, {"new_tokens": len(new), "rounds": len(counter.lengths)}, cfg)
 
 
@@ -102,12 +119,17 @@ def llamacpp_generate(engine, method: str, ids, *, max_new_tokens: int, temperat
     if method in SERVER_METHODS:
         server = getattr(engine, "_llama_server", None)
         if server is None:
-            server = engine._llama_server = LlamaServerPeer(engine.target.name, engine.draft.name,
-                                                            torch.get_num_threads())
+            server = engine._llama_server = LlamaServerPeer(
+                engine.target.name, engine.draft.name, torch.get_num_threads()
+            )
         new, wall, timings = server.generate(ids.tolist(), max_new_tokens, engine.stop_ids)
         text = engine.tokenizer.decode(new, skip_special_tokens=True)
-        stats = {"new_tokens": len(new), "drafted_tokens": timings.get("draft_n"),
-                 "accepted_tokens": timings.get("draft_n_accepted"), "llamacpp_timings": timings}
+        stats = {
+            "new_tokens": len(new),
+            "drafted_tokens": timings.get("draft_n"),
+            "accepted_tokens": timings.get("draft_n_accepted"),
+            "llamacpp_timings": timings,
+        }
         cfg = {"method": method, "server": str(server.binary), "args": server.args, "threads": server.threads}
         return Outcome(text, new, wall, [], stats, cfg)
     peer = getattr(engine, "_llamacpp", None)
@@ -128,16 +150,39 @@ def run_method(engine, method: str, ids, settings: dict) -> Outcome:
     if kind == "llamacpp":
         return llamacpp_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"])
     if kind == "hf":
-        return hf_generate(engine, method, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
-                           seed=s["seed"], top_p=s["top_p"], top_k=s["top_k"])
-    cfg = method_config(method, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], seed=s["seed"],
-                        top_p=s["top_p"], top_k=s["top_k"], has_draft=engine.draft is not None, sg_tau=s["sg_tau"],
-                        adaptive_draft_length=s.get("adaptive_draft_length", True))
+        return hf_generate(
+            engine,
+            method,
+            ids,
+            max_new_tokens=s["max_new_tokens"],
+            temperature=s["temperature"],
+            seed=s["seed"],
+            top_p=s["top_p"],
+            top_k=s["top_k"],
+        )
+    cfg = method_config(
+        method,
+        max_new_tokens=s["max_new_tokens"],
+        temperature=s["temperature"],
+        seed=s["seed"],
+        top_p=s["top_p"],
+        top_k=s["top_k"],
+        has_draft=engine.draft is not None,
+        sg_tau=s["sg_tau"],
+        adaptive_draft_length=s.get("adaptive_draft_length", True),
+    )
     return loosespec_generate(engine, cfg, ids)
 
 
-def result_row(problem, dataset: str, method: str, outcome: Outcome, score: "bool | None | Verdict", model_id: str,
-               run_id: str | None = None) -> dict:
+def result_row(
+    problem,
+    dataset: str,
+    method: str,
+    outcome: Outcome,
+    score: "bool | None | Verdict",
+    model_id: str,
+    run_id: str | None = None,
+) -> dict:
     """One results.jsonl line; ``choices`` follows Spec-Bench's answer-file layout. ``score``: the scorer's
     verdict (a :class:`~loosespec.eval.scoring.Verdict`, or a bool / None as plain scorers return),
     stored as ``score``, ``score_status`` and ``score_detail``."""
@@ -146,18 +191,40 @@ def result_row(problem, dataset: str, method: str, outcome: Outcome, score: "boo
     rounds = len(outcome.round_lengths) or st.get("rounds", 0)
     new = len(outcome.token_ids)
     return {
-        "question_id": problem.id, "category": problem.category, "dataset": dataset, "method": method,
-        "lossy": is_lossy(method), "model_id": f"{model_id}/{method}",
-        "config": outcome.config, "output": outcome.text, "token_ids": outcome.token_ids, "new_tokens": new,
-        "wall_time": round(outcome.wall_s, 4), "rounds": rounds, "accept_lengths": outcome.round_lengths,
+        "question_id": problem.id,
+        "category": problem.category,
+        "dataset": dataset,
+        "method": method,
+        "lossy": is_lossy(method),
+        "model_id": f"{model_id}/{method}",
+        "config": outcome.config,
+        "output": outcome.text,
+        "token_ids": outcome.token_ids,
+        "new_tokens": new,
+        "wall_time": round(outcome.wall_s, 4),
+        "rounds": rounds,
+        "accept_lengths": outcome.round_lengths,
         "mean_accepted_length": round(new / rounds, 4) if rounds else None,
-        "drafted_tokens": st.get("drafted_tokens"), "accepted_tokens": st.get("accepted_tokens"),
-        "stats": st, "score": verdict.score, "score_status": verdict.status, "score_detail": dict(verdict.detail),
+        "drafted_tokens": st.get("drafted_tokens"),
+        "accepted_tokens": st.get("accepted_tokens"),
+        "stats": st,
+        "score": verdict.score,
+        "score_status": verdict.status,
+        "score_detail": dict(verdict.detail),
         "hardware": hardware(),
         "answer": problem.answer if problem.answer is not None and len(problem.answer) <= 200 else None,
-        "choices": [{"index": 0, "turns": [outcome.text], "decoding_steps": [rounds], "new_tokens": [new],
-                     "wall_time": [round(outcome.wall_s, 4)], "accept_lengths": outcome.round_lengths}],
-        "tstamp": time.time(), "run_id": run_id,
+        "choices": [
+            {
+                "index": 0,
+                "turns": [outcome.text],
+                "decoding_steps": [rounds],
+                "new_tokens": [new],
+                "wall_time": [round(outcome.wall_s, 4)],
+                "accept_lengths": outcome.round_lengths,
+            }
+        ],
+        "tstamp": time.time(),
+        "run_id": run_id,
     }
 
 

@@ -118,6 +118,7 @@ class SandboxResult:
     CPU limit hit), "memory" (MemoryError or killed for memory, best effort), "error" (the sandbox
     could not start).
     """
+
     status: str
     returncode: int | None
     stdout: str
@@ -132,6 +133,7 @@ class SandboxResult:
 
 
 # ------------------------------------------------------------------------------------------ running
+
 
 def _user_task_count(uid: int) -> int:
     """Tasks (processes + threads) whose real uid is ``uid``: what RLIMIT_NPROC counts."""
@@ -267,8 +269,18 @@ class _Spawn(NamedTuple):
     mode: str
 
 
-def _sandbox_command(code_path: str, d: str, mode: str, *, timeout_s: float, memory_mb: int, max_processes: int,
-                     max_file_mb: int, network: bool, extra: dict | None = None) -> _Spawn:
+def _sandbox_command(
+    code_path: str,
+    d: str,
+    mode: str,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    max_file_mb: int,
+    network: bool,
+    extra: dict | None = None,
+) -> _Spawn:
     """The command that runs ``code_path`` in the sandbox directory ``d`` in ``mode`` (already resolved)."""
     env_info = probe.detect()
     in_userns = mode == "full" or (mode == "net" and not network)
@@ -279,15 +291,32 @@ def _sandbox_command(code_path: str, d: str, mode: str, *, timeout_s: float, mem
     else:
         nproc = _user_task_count(os.getuid()) + max_processes
     ns = mode if in_userns else "none"
-    cfg = {"dir": d, "file": code_path, "ns": ns, "network": bool(network), "memory_mb": int(memory_mb),
-           "file_mb": int(max_file_mb), "cpu_s": int(timeout_s) + 2, "nproc": int(nproc),
-           "pid_max": env_info.pid_max and mode == "full", **(extra or {})}
+    cfg = {
+        "dir": d,
+        "file": code_path,
+        "ns": ns,
+        "network": bool(network),
+        "memory_mb": int(memory_mb),
+        "file_mb": int(max_file_mb),
+        "cpu_s": int(timeout_s) + 2,
+        "nproc": int(nproc),
+        "pid_max": env_info.pid_max and mode == "full",
+        **(extra or {}),
+    }
     prefix = probe.ns_prefix(mode, env_info.unshare, network) if in_userns and env_info.unshare else []
     return _Spawn(prefix + [sys.executable, "-I", "-B", "-c", probe.boot_source(), json.dumps(cfg)], ns)
 
 
-def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_processes: int = 32,
-               max_file_mb: int = 16, network: bool = False, mode: str | None = None) -> SandboxResult:
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    max_processes: int = 32,
+    max_file_mb: int = 16,
+    network: bool = False,
+    mode: str | None = None,
+) -> SandboxResult:
     """Run ``code`` as a Python program in a fresh sandboxed subprocess; see the module docstring.
 
     ``status`` is "passed" iff the program exits with status 0: a program can claim that by exiting early,
@@ -300,15 +329,32 @@ def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max
     if (missing := _no_interpreter(mode)) is not None:
         return missing
     with _program_dir(code) as (d, path):
-        spawn = _sandbox_command(path, d, mode, timeout_s=timeout_s, memory_mb=memory_mb,
-                                 max_processes=max_processes, max_file_mb=max_file_mb, network=network)
+        spawn = _sandbox_command(
+            path,
+            d,
+            mode,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_file_mb=max_file_mb,
+            network=network,
+        )
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _undumpable(mode != "full"):
             try:
-                proc = subprocess.Popen(spawn.cmd, cwd=d, env=probe.child_env(d), stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, close_fds=True, start_new_session=True)
+                proc = subprocess.Popen(
+                    spawn.cmd,
+                    cwd=d,
+                    env=probe.child_env(d),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    close_fds=True,
+                    start_new_session=True,
+                )
             except (OSError, ValueError, subprocess.SubprocessError) as e:
-                return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
-                                     time.monotonic() - t0, mode)
+                return SandboxResult(
+                    "error", None, "", f"could not start the sandbox: {e}", time.monotonic() - t0, mode
+                )
             try:
                 timed_out = _wait(proc.pid, t0 + timeout_s)
             finally:
@@ -352,8 +398,11 @@ def _kill_group(proc) -> None:
 @functools.cache
 def _driver_source() -> str:
     here = Path(__file__).parent
-    return (here / "sandbox_wire.py").read_text(encoding="utf-8") + "\n" + \
-        (here / "sandbox_driver.py").read_text(encoding="utf-8")
+    return (
+        (here / "sandbox_wire.py").read_text(encoding="utf-8")
+        + "\n"
+        + (here / "sandbox_driver.py").read_text(encoding="utf-8")
+    )
 
 
 def _wire_source() -> str:
@@ -363,9 +412,18 @@ def _wire_source() -> str:
 VERDICT_MARK = "LOOSESPEC-VERDICT "
 
 
-def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout_s: float = 10.0,
-              memory_mb: int = 1024, max_processes: int = 32, max_file_mb: int = 16,
-              mode: str | None = None) -> SandboxResult:
+def run_tests(
+    program: str,
+    *,
+    prompt: str,
+    test: str,
+    entry_point: str,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    max_processes: int = 32,
+    max_file_mb: int = 16,
+    mode: str | None = None,
+) -> SandboxResult:
     """Test ``program`` (a prompt and the model's code, no tests) against ``test`` (a ``check(candidate)``
     function) so that the program cannot forge the verdict.
 
@@ -387,28 +445,60 @@ def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout
     req_r, req_w, resp_r, resp_w = pipes
     with _program_dir(program) as (d, path):
         try:
-            spawn = _sandbox_command(path, d, mode, timeout_s=timeout_s, memory_mb=memory_mb,
-                                     max_processes=max_processes, max_file_mb=max_file_mb, network=False,
-                                     extra={"serve": {"entry": entry_point, "req_fd": req_r, "resp_fd": resp_w},
-                                            "wire": _wire_source()})
-            driver_cfg = json.dumps({"prompt": prompt, "test": test, "entry": entry_point, "req_fd": req_w,
-                                     "resp_fd": resp_r})
-            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                    tempfile.TemporaryFile() as dout, tempfile.TemporaryFile() as derr, \
-                    tempfile.TemporaryFile() as din, \
-                    tempfile.TemporaryDirectory(prefix="loosespec-drv-") as driver_dir, _undumpable(mode != "full"):
+            spawn = _sandbox_command(
+                path,
+                d,
+                mode,
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                max_processes=max_processes,
+                max_file_mb=max_file_mb,
+                network=False,
+                extra={"serve": {"entry": entry_point, "req_fd": req_r, "resp_fd": resp_w}, "wire": _wire_source()},
+            )
+            driver_cfg = json.dumps(
+                {"prompt": prompt, "test": test, "entry": entry_point, "req_fd": req_w, "resp_fd": resp_r}
+            )
+            with (
+                tempfile.TemporaryFile() as out,
+                tempfile.TemporaryFile() as err,
+                tempfile.TemporaryFile() as dout,
+                tempfile.TemporaryFile() as derr,
+                tempfile.TemporaryFile() as din,
+                tempfile.TemporaryDirectory(prefix="loosespec-drv-") as driver_dir,
+                _undumpable(mode != "full"),
+            ):
                 din.write(driver_cfg.encode("utf-8", "surrogatepass"))
                 din.seek(0)
                 try:
-                    procs.append(subprocess.Popen(spawn.cmd, cwd=d, env=probe.child_env(d), stdin=subprocess.DEVNULL,
-                                                  stdout=out, stderr=err, pass_fds=(req_r, resp_w),
-                                                  start_new_session=True))
-                    procs.append(subprocess.Popen([exe, "-I", "-B", "-c", _driver_source()], cwd=driver_dir,
-                                                  env=probe.child_env(driver_dir), stdin=din, stdout=dout, stderr=derr,
-                                                  pass_fds=(req_w, resp_r), start_new_session=True))
+                    procs.append(
+                        subprocess.Popen(
+                            spawn.cmd,
+                            cwd=d,
+                            env=probe.child_env(d),
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=err,
+                            pass_fds=(req_r, resp_w),
+                            start_new_session=True,
+                        )
+                    )
+                    procs.append(
+                        subprocess.Popen(
+                            [exe, "-I", "-B", "-c", _driver_source()],
+                            cwd=driver_dir,
+                            env=probe.child_env(driver_dir),
+                            stdin=din,
+                            stdout=dout,
+                            stderr=derr,
+                            pass_fds=(req_w, resp_r),
+                            start_new_session=True,
+                        )
+                    )
                 except (OSError, ValueError, subprocess.SubprocessError) as e:
-                    return SandboxResult("error", None, "", f"could not start the sandbox: {e}",
-                                         time.monotonic() - t0, mode)
+                    return SandboxResult(
+                        "error", None, "", f"could not start the sandbox: {e}", time.monotonic() - t0, mode
+                    )
                 finally:
                     for fd in pipes:  # the children hold their ends: an exit closes the pipe for the other
                         os.close(fd)
@@ -425,7 +515,7 @@ def run_tests(program: str, *, prompt: str, test: str, entry_point: str, timeout
             for line in reversed(dstdout.splitlines()):
                 if line.startswith(VERDICT_MARK):
                     try:
-                        verdict = json.loads(line[len(VERDICT_MARK):])
+                        verdict = json.loads(line[len(VERDICT_MARK) :])
                     except ValueError:
                         verdict = None
                     break

@@ -12,6 +12,7 @@ if __name__ == "__main__":
     import json
     import os
     import sys
+
     _cfg = json.loads(sys.argv[1])
     _dir = _cfg["dir"]
 
@@ -23,6 +24,7 @@ if __name__ == "__main__":
     if _cfg["ns"] == "full":
         import ctypes
         import re
+
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
         _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -68,9 +70,14 @@ if __name__ == "__main__":
             if fl & os.ST_RDONLY:
                 continue
             flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-            for st, ms in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-                           (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
-                           (os.ST_RELATIME, MS_RELATIME)):
+            for st, ms in (
+                (os.ST_NOSUID, MS_NOSUID),
+                (os.ST_NODEV, MS_NODEV),
+                (os.ST_NOEXEC, MS_NOEXEC),
+                (os.ST_NOATIME, MS_NOATIME),
+                (os.ST_NODIRATIME, MS_NODIRATIME),
+                (os.ST_RELATIME, MS_RELATIME),
+            ):
                 if fl & st:
                     flags |= ms
             if not fl & (os.ST_NOATIME | os.ST_RELATIME):
@@ -100,8 +107,11 @@ if __name__ == "__main__":
             _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
         class _CapData(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                        ("inheritable", ctypes.c_uint32)]
+            _fields_ = [
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            ]
 
         if _libc.capset(ctypes.byref(_CapHdr(0x20080522, 0)), (_CapData * 2)()) != 0:
             _fail("capset: %s" % os.strerror(ctypes.get_errno()))
@@ -120,6 +130,7 @@ if __name__ == "__main__":
                 os.unlink(victim)
             except OSError as e:
                 import errno
+
                 ok_ro = e.errno == errno.EROFS
         # network isolation itself, not an unreachable address (which any offline host also gives): a
         # network namespace other than the parent's, with the loopback device as its only interface
@@ -129,8 +140,10 @@ if __name__ == "__main__":
             ok_net = os.readlink("/proc/self/ns/net") != _cfg["parent_netns"] and _ifaces == ["lo"]
         except (OSError, KeyError):
             ok_net = False
-        print("loosespec-sandbox-probe-ok", json.dumps({"ro": ok_ro, "net": ok_net,
-                                                        "pid_max": bool(_cfg.get("pid_max_set"))}))
+        print(
+            "loosespec-sandbox-probe-ok",
+            json.dumps({"ro": ok_ro, "net": ok_net, "pid_max": bool(_cfg.get("pid_max_set"))}),
+        )
         sys.exit(0)
 
     # serve mode (run_tests): the wire to the test driver, loaded before the guard
@@ -148,35 +161,52 @@ if __name__ == "__main__":
             import ctypes
             import platform
             import struct
-            _arch = {"x86_64": (0xC000003E, {"socket": 41, "ptrace": 101, "vm_readv": 310, "vm_writev": 311,
-                                             "io_uring_setup": 425}, True),
-                     "aarch64": (0xC00000B7, {"socket": 198, "ptrace": 117, "vm_readv": 270, "vm_writev": 271,
-                                              "io_uring_setup": 425}, False)}.get(platform.machine())
+
+            _arch = {
+                "x86_64": (
+                    0xC000003E,
+                    {"socket": 41, "ptrace": 101, "vm_readv": 310, "vm_writev": 311, "io_uring_setup": 425},
+                    True,
+                ),
+                "aarch64": (
+                    0xC00000B7,
+                    {"socket": 198, "ptrace": 117, "vm_readv": 270, "vm_writev": 271, "io_uring_setup": 425},
+                    False,
+                ),
+            }.get(platform.machine())
             if _arch is not None:
                 _audit, _nr, _x32 = _arch
                 LD_W_ABS, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
                 ALLOW, DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
                 # (code, jump-if-true label, jump-if-false label, k); labels resolved to relative offsets below
-                prog = [(LD_W_ABS, None, None, 4),                    # seccomp_data.arch
-                        (JEQ, None, "deny", _audit),                  # a foreign ABI: deny
-                        (LD_W_ABS, None, None, 0)]                    # seccomp_data.nr
+                prog = [
+                    (LD_W_ABS, None, None, 4),  # seccomp_data.arch
+                    (JEQ, None, "deny", _audit),  # a foreign ABI: deny
+                    (LD_W_ABS, None, None, 0),
+                ]  # seccomp_data.nr
                 if _x32:
-                    prog.append((JGE, "deny", None, 0x40000000))      # x32 numbers
+                    prog.append((JGE, "deny", None, 0x40000000))  # x32 numbers
                 prog.append((JEQ, "domain", None, _nr["socket"]))
                 for _n in ("ptrace", "vm_readv", "vm_writev", "io_uring_setup"):
                     prog.append((JEQ, "deny", None, _nr[_n]))
-                prog += [(RET, None, None, ALLOW), ("deny", RET, None, None, DENY),
-                         ("domain", LD_W_ABS, None, None, 16),        # socket's args[0] (low 32 bits): domain
-                         (JEQ, None, "deny2", 1),                     # AF_UNIX
-                         (RET, None, None, ALLOW), ("deny2", RET, None, None, DENY)]
+                prog += [
+                    (RET, None, None, ALLOW),
+                    ("deny", RET, None, None, DENY),
+                    ("domain", LD_W_ABS, None, None, 16),  # socket's args[0] (low 32 bits): domain
+                    (JEQ, None, "deny2", 1),  # AF_UNIX
+                    (RET, None, None, ALLOW),
+                    ("deny2", RET, None, None, DENY),
+                ]
                 labels, plain = {}, []
                 for ins in prog:
                     if isinstance(ins[0], str):
                         labels[ins[0]] = len(plain)
                         ins = ins[1:]
                     plain.append(ins)
-                prog = [(code, 0 if jt is None else labels[jt] - i - 1, 0 if jf is None else labels[jf] - i - 1, k)
-                        for i, (code, jt, jf, k) in enumerate(plain)]
+                prog = [
+                    (code, 0 if jt is None else labels[jt] - i - 1, 0 if jf is None else labels[jf] - i - 1, k)
+                    for i, (code, jt, jf, k) in enumerate(plain)
+                ]
                 raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
                 _buf = ctypes.create_string_buffer(raw, len(raw))
 
@@ -184,17 +214,19 @@ if __name__ == "__main__":
                     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
                 _libc_s = ctypes.CDLL(None, use_errno=True)
-                _libc_s.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                                          ctypes.c_ulong]
+                _libc_s.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
                 _fp = _Fprog(len(prog), ctypes.cast(_buf, ctypes.c_void_p))
-                if _libc_s.prctl(38, 1, None, 0, 0) == 0 and \
-                        _libc_s.prctl(22, 2, ctypes.cast(ctypes.pointer(_fp), ctypes.c_void_p), 0, 0) == 0:
+                if (
+                    _libc_s.prctl(38, 1, None, 0, 0) == 0
+                    and _libc_s.prctl(22, 2, ctypes.cast(ctypes.pointer(_fp), ctypes.c_void_p), 0, 0) == 0
+                ):
                     _cfg["seccomp"] = True  # PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP SECCOMP_MODE_FILTER
         except Exception:
             pass
 
     # the real setrlimit, captured before the guard below replaces it
     import resource as _resource_mod
+
     _real_setrlimit = _resource_mod.setrlimit
     # ---- Python-level guard (defence in depth; bypassable with ctypes) ----
     import _io
@@ -206,6 +238,7 @@ if __name__ == "__main__":
     import shutil
     import subprocess
     import types
+
     _realpath, _join, _dirname, _basename = os.path.realpath, os.path.join, os.path.dirname, os.path.basename
     _readlink, _fspath, _fsdecode, _getcwd = os.readlink, os.fspath, os.fsdecode, os.getcwd
     _root = _realpath(_dir)
@@ -213,6 +246,7 @@ if __name__ == "__main__":
     def _deny(what):
         def denied(*args, **kwargs):
             raise PermissionError(1, "blocked by loosespec sandbox: " + what)
+
         denied.__name__ = what.rsplit(".", 1)[-1]
         return denied
 
@@ -237,6 +271,7 @@ if __name__ == "__main__":
         orig = getattr(mod, name, None)
         if orig is None:
             return
+
         def guarded(*args, **kwargs):
             dir_fd = kwargs.get("dir_fd")
             names = ("path", "name") if nargs == 1 else ("src", "dst")
@@ -251,6 +286,7 @@ if __name__ == "__main__":
                 if not _inside(p, fd, follow):
                     raise PermissionError(1, "blocked by loosespec sandbox: %s outside the sandbox dir" % name, str(p))
             return orig(*args, **kwargs)
+
         guarded.__name__ = name
         for m in (mod, posix) if mod is os else (mod,):
             if hasattr(m, name):
@@ -264,10 +300,12 @@ if __name__ == "__main__":
         _path_guard(os, _name)
     _path_guard(os, "truncate", allow_fd=True)
     _orig_symlink = os.symlink
+
     def _symlink(src, dst, *a, **k):
         if not _inside(dst, k.get("dir_fd"), follow=False):
             raise PermissionError(1, "blocked by loosespec sandbox: symlink outside the sandbox dir", str(dst))
         return _orig_symlink(src, dst, *a, **k)
+
     os.symlink = posix.symlink = _symlink
     _path_guard(shutil, "rmtree", follow=False)
     _path_guard(shutil, "move", nargs=2, follow=False)
@@ -292,34 +330,61 @@ if __name__ == "__main__":
             if first.isdigit() and first != _own_pid:
                 raise PermissionError(1, "blocked by loosespec sandbox: another process's /proc entries", str(path))
         if writing and not _inside(path, dir_fd) and r != "/dev/null":
-            raise PermissionError(1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(path))
+            raise PermissionError(
+                1, "blocked by loosespec sandbox: open for writing outside the sandbox dir", str(path)
+            )
 
     _orig_os_open = os.open
+
     def _os_open(path, flags, *a, **k):
         _check_open(path, flags & _WRITE_FLAGS, k.get("dir_fd"))
         return _orig_os_open(path, flags, *a, **k)
+
     os.open = posix.open = _os_open
 
     _orig_open = _io.open
+
     def _open(file, mode="r", *a, **k):
         _check_open(file, any(c in str(mode) for c in "wax+"))
         return _orig_open(file, mode, *a, **k)
+
     builtins.open = io.open = _io.open = _open
 
     class _FileIO(_io.FileIO):  # io.FileIO(path, "w") opens without open()
         def __init__(self, file, mode="r", *a, **k):
             _check_open(file, any(c in str(mode) for c in "wax+"))
             super().__init__(file, mode, *a, **k)
+
     _FileIO.__name__ = _FileIO.__qualname__ = "FileIO"
     io.FileIO = _io.FileIO = _FileIO
 
     # modules that open files or run code below the guard: native calls (ctypes, cffi), databases that
     # create files natively (sqlite3, dbm), shared memory in /dev/shm, sub-interpreters (a fresh, unguarded
     # os and io) and CPython's test hooks. Python-level, like the rest of this guard.
-    _BLOCKED = frozenset(("ctypes", "_ctypes", "cffi", "_cffi_backend", "sqlite3", "_sqlite3", "dbm", "_dbm",
-                          "_gdbm", "_posixshmem", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
-                          "_interpchannels", "_interpqueues", "_testcapi", "_testinternalcapi",
-                          "_testmultiphase", "_testsinglephase", "_testimportmultiple"))
+    _BLOCKED = frozenset(
+        (
+            "ctypes",
+            "_ctypes",
+            "cffi",
+            "_cffi_backend",
+            "sqlite3",
+            "_sqlite3",
+            "dbm",
+            "_dbm",
+            "_gdbm",
+            "_posixshmem",
+            "_xxsubinterpreters",
+            "_xxinterpchannels",
+            "_interpreters",
+            "_interpchannels",
+            "_interpqueues",
+            "_testcapi",
+            "_testinternalcapi",
+            "_testmultiphase",
+            "_testsinglephase",
+            "_testimportmultiple",
+        )
+    )
 
     class _ImportGuard:
         loosespec_guard = True
@@ -334,17 +399,57 @@ if __name__ == "__main__":
         del sys.modules[_m]
     sys.meta_path.insert(0, _ImportGuard())
 
-    for _name in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", "execle", "execlp",
-                  "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
-                  "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "kill", "killpg",
-                  "setsid", "setpgid", "setpgrp", "chown", "lchown", "fchown", "fchmod", "chroot",
-                  "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid",
-                  "setresgid", "plock", "unshare", "setns"):
+    for _name in (
+        "fork",
+        "forkpty",
+        "system",
+        "popen",
+        "execv",
+        "execve",
+        "execl",
+        "execle",
+        "execlp",
+        "execlpe",
+        "execvp",
+        "execvpe",
+        "spawnl",
+        "spawnle",
+        "spawnlp",
+        "spawnlpe",
+        "spawnv",
+        "spawnve",
+        "spawnvp",
+        "spawnvpe",
+        "posix_spawn",
+        "posix_spawnp",
+        "kill",
+        "killpg",
+        "setsid",
+        "setpgid",
+        "setpgrp",
+        "chown",
+        "lchown",
+        "fchown",
+        "fchmod",
+        "chroot",
+        "setuid",
+        "setgid",
+        "seteuid",
+        "setegid",
+        "setreuid",
+        "setregid",
+        "setresuid",
+        "setresgid",
+        "plock",
+        "unshare",
+        "setns",
+    ):
         for _m in (os, posix):
             if hasattr(_m, _name):
                 setattr(_m, _name, _deny("os." + _name))
     _posixsubprocess.fork_exec = _deny("_posixsubprocess.fork_exec")
     import signal as _signal_mod
+
     if hasattr(_signal_mod, "pidfd_send_signal"):  # a signal to another process by pidfd, not pid
         _signal_mod.pidfd_send_signal = _deny("signal.pidfd_send_signal")
     shutil.chown = _deny("shutil.chown")
@@ -355,26 +460,41 @@ if __name__ == "__main__":
     class _Popen(subprocess.Popen):
         def __init__(self, *a, **k):
             raise PermissionError(1, "blocked by loosespec sandbox: subprocess")
+
         def __del__(self):
             pass
+
     subprocess.Popen = _Popen
 
     if not _cfg["network"]:
         import _socket
         import socket
+
         class _Socket(socket.socket):
             def __init__(self, *a, **k):
                 raise PermissionError(1, "blocked by loosespec sandbox: network")
+
             def __del__(self):
                 pass
+
         class _RawSocket(_socket.socket):
             def __init__(self, *a, **k):
                 raise PermissionError(1, "blocked by loosespec sandbox: network")
+
         socket.socket = socket.SocketType = _Socket
         _socket.socket = _socket.SocketType = _RawSocket
-        for _name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname",
-                      "gethostbyname_ex", "gethostbyaddr", "getnameinfo", "socketpair", "fromfd",
-                      "sethostname"):
+        for _name in (
+            "create_connection",
+            "create_server",
+            "getaddrinfo",
+            "gethostbyname",
+            "gethostbyname_ex",
+            "gethostbyaddr",
+            "getnameinfo",
+            "socketpair",
+            "fromfd",
+            "sethostname",
+        ):
             for _m in (socket, _socket):
                 if hasattr(_m, _name):
                     setattr(_m, _name, _deny("socket." + _name))
@@ -404,8 +524,7 @@ if __name__ == "__main__":
     if not _serve:
         exec(_code, _main.__dict__)
     else:  # run_tests: load the program, then answer the driver's calls to its entry point
-        _send, _recv, _to, _from, _WireError = (_wire[n] for n in ("send", "recv", "to_data", "from_data",
-                                                                     "WireError"))
+        _send, _recv, _to, _from, _WireError = (_wire[n] for n in ("send", "recv", "to_data", "from_data", "WireError"))
         _req, _resp, _entry = _serve["req_fd"], _serve["resp_fd"], _serve["entry"]
         _objects, _ids = [], {}
 
@@ -443,8 +562,15 @@ if __name__ == "__main__":
             except BaseException:
                 pass
             raise
-        _send(_resp, {"ready": True, "classes": [n for n, v in list(_main.__dict__.items())
-                                                 if isinstance(v, type) and v.__module__ == "__main__"][:100]})
+        _send(
+            _resp,
+            {
+                "ready": True,
+                "classes": [
+                    n for n, v in list(_main.__dict__.items()) if isinstance(v, type) and v.__module__ == "__main__"
+                ][:100],
+            },
+        )
         while True:
             try:
                 _msg = _recv(_req)

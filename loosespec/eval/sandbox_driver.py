@@ -102,6 +102,7 @@ if __name__ == "__main__":
             if not isinstance(made, Remote):
                 raise ProgramGone("the program's %s() did not build an object of its own class" % name)
             return made
+
         make.__name__ = make.__qualname__ = name
         return make
 

@@ -46,14 +46,25 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["MODES", "NO_SANDBOX", "Env", "boot_source", "child_env", "detect", "kernel_version", "ns_prefix",
-           "resolve_mode", "sandbox_mode"]
+__all__ = [
+    "MODES",
+    "NO_SANDBOX",
+    "Env",
+    "boot_source",
+    "child_env",
+    "detect",
+    "kernel_version",
+    "ns_prefix",
+    "resolve_mode",
+    "sandbox_mode",
+]
 
 _PROBE_OK_MARK = "loosespec-sandbox-probe-ok"
 
 
 # ----------------------------------------------------------------------------------- child bootstrap
 # Runs as ``python -I -B -c <loosespec/eval/sandbox_boot.py> <json config>`` inside the sandbox.
+
 
 @functools.cache
 def boot_source() -> str:
@@ -63,12 +74,13 @@ def boot_source() -> str:
 
 # ----------------------------------------------------------------------------------------- probing
 
+
 class Env(NamedTuple):
     """What :func:`detect` found: the best mode, the ``unshare`` it runs, whether ``pid_max`` is lowered."""
 
-    mode: str           # "full", "net" or "none"
+    mode: str  # "full", "net" or "none"
     unshare: str | None
-    pid_max: bool       # per-namespace pid_max available (kernel >= 6.14) and set in the probe
+    pid_max: bool  # per-namespace pid_max available (kernel >= 6.14) and set in the probe
 
 
 def kernel_version() -> tuple[int, int]:
@@ -84,8 +96,18 @@ def ns_prefix(mode: str, unshare: str, network: bool) -> list[str]:
     """The ``unshare`` command line a child of ``mode`` runs under (none for ``"none"``, or ``"net"`` with
     ``network``)."""
     if mode == "full":
-        cmd = [unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc",
-               "--ipc", "--uts", "--kill-child"]
+        cmd = [
+            unshare,
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--ipc",
+            "--uts",
+            "--kill-child",
+        ]
         if not network:
             cmd.append("--net")
         return cmd
@@ -105,13 +127,25 @@ def _netns() -> str | None:
 def _probe(mode: str, unshare: str) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="loosespec-sbx-probe-") as d:
         d = os.path.realpath(d)
-        cfg = {"dir": d, "ns": mode, "probe": True, "network": False, "parent_netns": _netns(),
-               "pid_max": mode == "full" and kernel_version() >= (6, 14)}
-        cmd = ns_prefix(mode, unshare, False) + [sys.executable, "-I", "-B", "-c", boot_source(),
-                                                 json.dumps(cfg)]
+        cfg = {
+            "dir": d,
+            "ns": mode,
+            "probe": True,
+            "network": False,
+            "parent_netns": _netns(),
+            "pid_max": mode == "full" and kernel_version() >= (6, 14),
+        }
+        cmd = ns_prefix(mode, unshare, False) + [sys.executable, "-I", "-B", "-c", boot_source(), json.dumps(cfg)]
         try:
-            p = subprocess.run(cmd, cwd=d, env=child_env(d), stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=20, start_new_session=True)
+            p = subprocess.run(
+                cmd,
+                cwd=d,
+                env=child_env(d),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=20,
+                start_new_session=True,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
     if p.returncode != 0:
@@ -119,7 +153,7 @@ def _probe(mode: str, unshare: str) -> dict | None:
     for line in p.stdout.decode("utf-8", "replace").splitlines():
         if line.startswith(_PROBE_OK_MARK):
             try:
-                return json.loads(line[len(_PROBE_OK_MARK):])
+                return json.loads(line[len(_PROBE_OK_MARK) :])
             except ValueError:
                 return None
     return None
@@ -129,7 +163,8 @@ def _probe(mode: str, unshare: str) -> dict | None:
 def detect() -> Env:
     """The best mode this machine gives, probed with a real child (each mode's isolation checked inside it)."""
     unshare = shutil.which("unshare") or next(
-        (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.access(p, os.X_OK)), None)
+        (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.access(p, os.X_OK)), None
+    )
     if unshare and sys.platform.startswith("linux"):
         r = _probe("full", unshare)
         if r and r.get("ro") and r.get("net"):
@@ -148,16 +183,17 @@ def sandbox_mode() -> str:
 
 def child_env(d: str) -> dict[str, str]:
     """The whole environment of a sandbox child whose directory is ``d``: nothing of this process's."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": d, "TMPDIR": d, "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8"}
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": d, "TMPDIR": d, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 MODES = ("auto", "full", "net", "none")
 _MODE_ENV = "LOOSESPEC_SANDBOX"
-NO_SANDBOX = ("this machine gives the sandbox no isolation ({why}): model-written code would run with only the "
-              "Python-level guard, which ctypes, introspection and root bypass. Run where user namespaces are "
-              "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see the README's "
-              "'Evaluation' section")
+NO_SANDBOX = (
+    "this machine gives the sandbox no isolation ({why}): model-written code would run with only the "
+    "Python-level guard, which ctypes, introspection and root bypass. Run where user namespaces are "
+    "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see the README's "
+    "'Evaluation' section"
+)
 
 
 def _why_not() -> str:
@@ -165,8 +201,10 @@ def _why_not() -> str:
         return f"{sys.platform} has no Linux namespaces"
     if detect().unshare is None:
         return "util-linux unshare is not installed"
-    return "unshare could not create user namespaces: Docker's default seccomp profile, or " \
-           "kernel.apparmor_restrict_unprivileged_userns / user.max_user_namespaces, forbid them"
+    return (
+        "unshare could not create user namespaces: Docker's default seccomp profile, or "
+        "kernel.apparmor_restrict_unprivileged_userns / user.max_user_namespaces, forbid them"
+    )
 
 
 def resolve_mode(requested: str | None = None) -> str:

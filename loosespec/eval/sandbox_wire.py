@@ -112,7 +112,7 @@ def from_data(data, depth=0, handle=None):
         return [from_data(v, d, handle) for v in data]
     if not isinstance(data, dict) or len(data) != 1:
         raise WireError("malformed value")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     try:
         if tag == "t":
             return tuple(from_data(v, d, handle) for v in body)

@@ -46,11 +46,15 @@ from loosespec.eval.datafiles import Problem
 # --------------------------------------------------------------------------------------------- numbers
 
 _SEPARATORS = ",\u00a0\u202f\u2009"
-_NUMBER = (r"(?:(?<![A-Za-z0-9)\]}])-)?\$?(?:(?<=\$)-)?"
-           r"(?:\d{1,3}(?:[" + _SEPARATORS + r"]\d{3})+(?!\d)|\d+)(?:\.\d+)?")
-_ANSWER_PATTERNS = (r"\banswer\s*(?:is|:|=)[^\d]{0,50}?(" + _NUMBER + ")",
-                    r"####[^\d]{0,10}?(" + _NUMBER + ")",
-                    r"\\boxed\{[^}\d]{0,20}?(" + _NUMBER + ")")
+_NUMBER = (
+    r"(?:(?<![A-Za-z0-9)\]}])-)?\$?(?:(?<=\$)-)?"
+    r"(?:\d{1,3}(?:[" + _SEPARATORS + r"]\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+)
+_ANSWER_PATTERNS = (
+    r"\banswer\s*(?:is|:|=)[^\d]{0,50}?(" + _NUMBER + ")",
+    r"####[^\d]{0,10}?(" + _NUMBER + ")",
+    r"\\boxed\{[^}\d]{0,20}?(" + _NUMBER + ")",
+)
 
 
 def _clean(number: str) -> str:
@@ -117,6 +121,7 @@ class Verdict:
     accuracy and retried) or ``"unscored"`` (the set has no scorer). ``detail``: JSON-able facts for the
     row, e.g. ``{"sandbox": "full", "program": "timeout"}``.
     """
+
     status: str
     detail: Mapping = field(default_factory=dict)
 
@@ -211,9 +216,11 @@ def humaneval_program(problem: Problem, output: str, with_tests: bool = True) ->
 
 
 CODE_EXECUTION_ENV = "LOOSESPEC_ALLOW_CODE_EXECUTION"
-CODE_EXECUTION_REFUSAL = ("{name} is scored by running model-written code; pass --allow-code-execution (or set "
-                          "LOOSESPEC_ALLOW_CODE_EXECUTION=1) to run it in loosespec's sandbox (see the README's "
-                          "'Evaluation' section)")
+CODE_EXECUTION_REFUSAL = (
+    "{name} is scored by running model-written code; pass --allow-code-execution (or set "
+    "LOOSESPEC_ALLOW_CODE_EXECUTION=1) to run it in loosespec's sandbox (see the README's "
+    "'Evaluation' section)"
+)
 
 
 def code_execution_allowed(flag: bool = False) -> bool:
@@ -222,8 +229,14 @@ def code_execution_allowed(flag: bool = False) -> bool:
     return bool(flag) or os.environ.get(CODE_EXECUTION_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def score_humaneval(problem: Problem, output: str, timeout_s: float = 10.0, memory_mb: int = 1024,
-                    allow_code_execution: bool = False, sandbox: str | None = None) -> Verdict:
+def score_humaneval(
+    problem: Problem,
+    output: str,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    allow_code_execution: bool = False,
+    sandbox: str | None = None,
+) -> Verdict:
     """pass@1 of one reply: the program (prompt + the reply's code) runs in the sandbox; the problem's tests run
     in a separate driver process that calls it (:func:`loosespec.eval.sandbox.run_tests`), so the code under
     test cannot forge its verdict. Needs ``allow_code_execution`` (or the environment variable)."""
@@ -231,15 +244,20 @@ def score_humaneval(problem: Problem, output: str, timeout_s: float = 10.0, memo
         raise LoosespecError(CODE_EXECUTION_REFUSAL.format(name=problem.category or "this set"))
     from loosespec.eval.sandbox import run_tests
 
-    result = run_tests(humaneval_program(problem, output, with_tests=False), prompt=problem.meta["prompt"],
-                       test=problem.meta["test"], entry_point=problem.meta["entry_point"], timeout_s=timeout_s,
-                       memory_mb=memory_mb, mode=sandbox)
+    result = run_tests(
+        humaneval_program(problem, output, with_tests=False),
+        prompt=problem.meta["prompt"],
+        test=problem.meta["test"],
+        entry_point=problem.meta["entry_point"],
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        mode=sandbox,
+    )
     detail = {"sandbox": result.mode, "program": result.status}
     if result.detail:
         detail["reason"] = result.detail[-500:]
     if result.status == "error":
-        raise ScoringError(f"the sandbox could not score {problem.id}: {result.detail or result.stderr[-300:]}",
-                           detail)
+        raise ScoringError(f"the sandbox could not score {problem.id}: {result.detail or result.stderr[-300:]}", detail)
     return Verdict("right" if result.passed else "wrong", detail)
 
 

@@ -67,8 +67,12 @@ def mcnemar_exact(b: int, c: int) -> float:
     return float(binomtest(b, b + c, 0.5).pvalue)
 
 
-def bootstrap_ratio(num: Sequence[float], den: Sequence[float], reps: int = 2000,
-                    seed: int = 0) -> tuple | None:  # the resampling's seed (not a knob)
+def bootstrap_ratio(
+    num: Sequence[float],
+    den: Sequence[float],
+    reps: int = 2000,
+    seed: int = 0,  # resampling seed (not a knob)
+) -> tuple | None:
     """95% percentile bootstrap interval of sum(num)/sum(den), resampling paired items.
 
     Seeded, so a function of its arguments: remembered per process (a report summarises each method once
@@ -105,8 +109,10 @@ def machine_label(hw: dict | None) -> str:
     same machine when their labels are equal."""
     if not hw:
         return "unrecorded"
-    label = f"{hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags') or []) or 'no flags of note'}; " \
-            f"{hw.get('threads', '?')} threads)"
+    label = (
+        f"{hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags') or []) or 'no flags of note'}; "
+        f"{hw.get('threads', '?')} threads)"
+    )
     return label + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
 
 
@@ -114,31 +120,43 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     paired = [r for r in mine if r["question_id"] in ar]
     # a results directory may grow over sessions on different machines: a method's time is compared with
     # ar's on the same prompt only where both ran on the same machine (``timed_prompts`` says how many did)
-    timed = [r for r in paired if machine_label(r.get("hardware")) == machine_label(ar[r["question_id"]].get("hardware"))]
+    timed = [
+        r for r in paired if machine_label(r.get("hardware")) == machine_label(ar[r["question_id"]].get("hardware"))
+    ]
     wall = sum(r["wall_time"] for r in timed)
     ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in timed)
     toks = sum(r["new_tokens"] for r in timed)
     drafted = [r["drafted_tokens"] for r in paired if r.get("drafted_tokens") is not None]
     accepted = [r["accepted_tokens"] for r in paired if r.get("accepted_tokens") is not None]
     s = {
-        "prompts": len(paired), "lossy": any(r["lossy"] for r in mine),
+        "prompts": len(paired),
+        "lossy": any(r["lossy"] for r in mine),
         "speedup": round(ar_wall / wall, 4) if wall > 0 else None,
-        "speedup_ci95": bootstrap_ratio([ar[r["question_id"]]["wall_time"] for r in timed],
-                                        [r["wall_time"] for r in timed]),
-        "wall_s": round(wall, 3), "new_tokens": toks,
+        "speedup_ci95": bootstrap_ratio(
+            [ar[r["question_id"]]["wall_time"] for r in timed], [r["wall_time"] for r in timed]
+        ),
+        "wall_s": round(wall, 3),
+        "new_tokens": toks,
         "tokens_per_s": round(toks / wall, 4) if wall > 0 else None,
-        "mean_accepted_length": pooled_mean_accepted_length([r["new_tokens"] for r in paired],
-                                                            [r["rounds"] for r in paired]),
+        "mean_accepted_length": pooled_mean_accepted_length(
+            [r["new_tokens"] for r in paired], [r["rounds"] for r in paired]
+        ),
         "acceptance_rate": round(sum(accepted) / sum(drafted), 4) if drafted and sum(drafted) else None,
-        "identical_to_ar": round(sum(r["token_ids"] == ar[r["question_id"]]["token_ids"] for r in paired)
-                                 / len(paired), 4) if paired else None,
+        "identical_to_ar": round(
+            sum(r["token_ids"] == ar[r["question_id"]]["token_ids"] for r in paired) / len(paired), 4
+        )
+        if paired
+        else None,
     }
     if len(timed) < len(paired):
         s["timed_prompts"] = len(timed)
     # a verdict on both sides: a row whose scoring failed (score_status "error") is no answer, left out and counted
     answered = ("right", "wrong")
-    scored = [(score_status(r) == "right", score_status(ar[r["question_id"]]) == "right") for r in paired
-              if score_status(r) in answered and score_status(ar[r["question_id"]]) in answered]
+    scored = [
+        (score_status(r) == "right", score_status(ar[r["question_id"]]) == "right")
+        for r in paired
+        if score_status(r) in answered and score_status(ar[r["question_id"]]) in answered
+    ]
     errors = sum(score_status(r) == "error" for r in mine)
     if errors:
         s["score_errors"] = errors
@@ -146,15 +164,21 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
         right = sum(m for m, _ in scored)
         ar_right = sum(a for _, a in scored)
         acc, ar_acc = right / len(scored), ar_right / len(scored)
-        s.update({
-            "scored": len(scored), "accuracy": round(acc, 4), "accuracy_ci95": wilson(right, len(scored)),
-            "ar_accuracy": round(ar_acc, 4), "recovery": round(acc / ar_acc, 4) if ar_acc else None,
-            "ar_right_method_wrong": sum(a and not m for m, a in scored),
-            "ar_wrong_method_right": sum(m and not a for m, a in scored),
-        })
+        s.update(
+            {
+                "scored": len(scored),
+                "accuracy": round(acc, 4),
+                "accuracy_ci95": wilson(right, len(scored)),
+                "ar_accuracy": round(ar_acc, 4),
+                "recovery": round(acc / ar_acc, 4) if ar_acc else None,
+                "ar_right_method_wrong": sum(a and not m for m, a in scored),
+                "ar_wrong_method_right": sum(m and not a for m, a in scored),
+            }
+        )
         s["mcnemar_p"] = mcnemar_exact(s["ar_right_method_wrong"], s["ar_wrong_method_right"])
-    blocks = {(b["makespan_s"], b["new_tokens"]): b["vllm_counters"]
-              for r in paired if (b := r.get("stats", {}).get("block"))}
+    blocks = {
+        (b["makespan_s"], b["new_tokens"]): b["vllm_counters"] for r in paired if (b := r.get("stats", {}).get("block"))
+    }
     if blocks:  # vLLM under concurrent load: tokens of all requests / time the blocks took
         s["throughput_tokens_per_s"] = round(sum(t for _, t in blocks) / sum(m for m, _ in blocks), 4)
         drafted_in_blocks = sum(c["draft_tokens"] for c in blocks.values())
@@ -162,12 +186,16 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
             s["acceptance_rate"] = round(sum(c["accepted"] for c in blocks.values()) / drafted_in_blocks, 4)
     steps = [r["stats"].get("steps") for r in paired if r.get("stats", {}).get("steps")]
     if steps:
-        s["step_accept_rate"] = round(sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps"))
-                                      / sum(steps), 4)
+        s["step_accept_rate"] = round(
+            sum(r["stats"]["accepted_steps"] for r in paired if r["stats"].get("steps")) / sum(steps), 4
+        )
     # fly_prefix_mismatches was fly_mismatches in rows written before 2026-12-01 (renamed: not the paper's count)
-    fly = {"fly_prefix_mismatches": sum(r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0))
-                                        for r in paired),
-           "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired)}
+    fly = {
+        "fly_prefix_mismatches": sum(
+            r["stats"].get("fly_prefix_mismatches", r["stats"].get("fly_mismatches", 0)) for r in paired
+        ),
+        "fly_deferred": sum(r["stats"].get("fly_deferred", 0) for r in paired),
+    }
     for name in FLY_GUARD_COUNTERS:  # only when FLy's copy guard was on (--fly-copy-guard)
         if any(name in r["stats"] for r in paired):
             fly[name] = sum(r["stats"].get(name, 0) for r in paired)
@@ -253,5 +281,8 @@ def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
             counts.extend([0] * (len(new) - len(counts)))
             for i, x in enumerate(new):
                 counts[i] += x
-    return {m: [a / d for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
-            for m in drafted if any(drafted[m])}
+    return {
+        m: [a / d for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
+        for m in drafted
+        if any(drafted[m])
+    }

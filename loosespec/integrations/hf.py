@@ -67,39 +67,77 @@ KNOB_KWARGS: tuple[str, ...] = tuple(n for n in KNOBS if n not in FROM_GENERATIO
 
 # GenerationConfig fields loosespec does not implement, with the values that leave them off
 _OFF: dict[str, tuple] = {
-    "num_beams": (None, 1), "num_return_sequences": (None, 1), "num_beam_groups": (None, 1),
-    "diversity_penalty": (None, 0.0), "penalty_alpha": (None, 0.0), "constraints": (None,),
-    "force_words_ids": (None,), "dola_layers": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0),
-    "max_time": (None,), "stop_strings": (None,), "min_p": (None,), "top_h": (None,), "typical_p": (None, 1.0),
-    "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0), "repetition_penalty": (None, 1.0),
-    "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
-    "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,), "sequence_bias": (None,),
-    "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,), "exponential_decay_length_penalty": (None,), "guidance_scale": (None, 1.0),
-    "watermarking_config": (None,), "output_scores": (None, False), "output_logits": (None, False),
-    "output_attentions": (None, False), "output_hidden_states": (None, False), "token_healing": (None, False),
-    "prompt_lookup_num_tokens": (None,), "assistant_early_exit": (None,), "use_mtp": (None, False),
+    "num_beams": (None, 1),
+    "num_return_sequences": (None, 1),
+    "num_beam_groups": (None, 1),
+    "diversity_penalty": (None, 0.0),
+    "penalty_alpha": (None, 0.0),
+    "constraints": (None,),
+    "force_words_ids": (None,),
+    "dola_layers": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "max_time": (None,),
+    "stop_strings": (None,),
+    "min_p": (None,),
+    "top_h": (None,),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "sequence_bias": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "guidance_scale": (None, 1.0),
+    "watermarking_config": (None,),
+    "output_scores": (None, False),
+    "output_logits": (None, False),
+    "output_attentions": (None, False),
+    "output_hidden_states": (None, False),
+    "token_healing": (None, False),
+    "prompt_lookup_num_tokens": (None,),
+    "assistant_early_exit": (None,),
+    "use_mtp": (None, False),
 }
 _WHY = {
     "num_beams": "loosespec decodes one sequence, without beam search",
     "num_return_sequences": "loosespec returns one sequence per prompt",
-    "num_beam_groups": "beam search is not supported", "diversity_penalty": "beam search is not supported",
+    "num_beam_groups": "beam search is not supported",
+    "diversity_penalty": "beam search is not supported",
     "output_scores": "loosespec returns sequences and statistics, not per-step scores",
     "output_logits": "loosespec returns sequences and statistics, not per-step logits",
     "output_attentions": "loosespec returns sequences and statistics, not attentions",
     "output_hidden_states": "loosespec returns sequences and statistics, not hidden states",
     "stop_strings": "end the generation with eos_token_id instead",
     "prompt_lookup_num_tokens": "that is transformers' own prompt lookup; loosespec's is drafter='ngram' "
-                                "(num_draft_tokens=, prompt_lookup_max=)",
+    "(num_draft_tokens=, prompt_lookup_max=)",
     "assistant_early_exit": "loosespec drafts with assistant_model or n-gram lookup",
 }
 # what transformers' own preparation adds to the lists it passes, for what loosespec does honour
-_HONOURED_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
-                        "InfNanRemoveLogitsProcessor", "LogitNormalization")
+_HONOURED_PROCESSORS = (
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "InfNanRemoveLogitsProcessor",
+    "LogitNormalization",
+)
 _HONOURED_CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria")
 # model inputs transformers prepares for every decoder-only generation: loosespec keeps its own cache
-_PREPARED_INPUTS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep",
-                    "cache_position")
+_PREPARED_INPUTS = (
+    "attention_mask",
+    "position_ids",
+    "past_key_values",
+    "use_cache",
+    "logits_to_keep",
+    "cache_position",
+)
 
 # tokenizers handed over by the directory entry (generate's `tokenizer`, `assistant_tokenizer`)
 _TOKENIZERS: contextvars.ContextVar[tuple] = contextvars.ContextVar("loosespec_hf_tokenizers", default=(None, None))
@@ -125,8 +163,7 @@ class LoosespecGenerateOutput(GenerateDecoderOnlyOutput):
     finish_reason: str | None = None
 
 
-def generate(model, input_ids=None, logits_processor=None, stopping_criteria=None, generation_config=None,
-             **kwargs):
+def generate(model, input_ids=None, logits_processor=None, stopping_criteria=None, generation_config=None, **kwargs):
     """loosespec's decode loop as ``model.generate``'s ``custom_generate`` (see the module docstring).
 
     Keyword arguments: ``method`` (``ar``, ``exact``, ``rejection``; ``fly`` and ``specguard`` are LOSSY),
@@ -140,13 +177,17 @@ def generate(model, input_ids=None, logits_processor=None, stopping_criteria=Non
 
 # transformers forwards to a callable only the keyword arguments it declares by name: declare every knob
 _P = inspect.Parameter
-generate.__signature__ = inspect.Signature([
-    _P("model", _P.POSITIONAL_OR_KEYWORD),
-    *(_P(n, _P.POSITIONAL_OR_KEYWORD, default=None)
-      for n in ("input_ids", "logits_processor", "stopping_criteria", "generation_config")),
-    *(_P(n, _P.KEYWORD_ONLY, default=None) for n in KNOB_KWARGS),
-    _P("kwargs", _P.VAR_KEYWORD),
-])
+generate.__signature__ = inspect.Signature(
+    [
+        _P("model", _P.POSITIONAL_OR_KEYWORD),
+        *(
+            _P(n, _P.POSITIONAL_OR_KEYWORD, default=None)
+            for n in ("input_ids", "logits_processor", "stopping_criteria", "generation_config")
+        ),
+        *(_P(n, _P.KEYWORD_ONLY, default=None) for n in KNOB_KWARGS),
+        _P("kwargs", _P.VAR_KEYWORD),
+    ]
+)
 
 
 def _reenter(model, input_ids, logits_processor, stopping_criteria, generation_config, arguments: dict):
@@ -157,8 +198,14 @@ def _reenter(model, input_ids, logits_processor, stopping_criteria, generation_c
         arguments["input_ids"] = input_ids
     token = _TOKENIZERS.set((arguments.pop("tokenizer", None), arguments.pop("assistant_tokenizer", None)))
     try:
-        return GenerationMixin.generate(model, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                                        generation_config=generation_config, custom_generate=generate, **arguments)
+        return GenerationMixin.generate(
+            model,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            custom_generate=generate,
+            **arguments,
+        )
     finally:
         _TOKENIZERS.reset(token)
 
@@ -174,7 +221,8 @@ def _generate_call() -> dict:
         f = f.f_back
     raise GenerateArgumentError(
         "loosespec's generate is a custom_generate method: call model.generate(..., custom_generate=generate) "
-        f"(transformers {_transformers_version()} did not show generate's arguments to it)")
+        f"(transformers {_transformers_version()} did not show generate's arguments to it)"
+    )
 
 
 def _transformers_version() -> str:
@@ -193,8 +241,10 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     prompt = _prompt(input_ids, kwargs.get("attention_mask"))  # a left padding stays in the output, as in generate
     max_new = int(generation_config.max_length) - int(input_ids.shape[1])
     if max_new < 1:
-        raise GenerateArgumentError(f"max_length={generation_config.max_length} leaves no room after the "
-                                    f"{input_ids.shape[1]}-token prompt; set max_new_tokens")
+        raise GenerateArgumentError(
+            f"max_length={generation_config.max_length} leaves no room after the "
+            f"{input_ids.shape[1]}-token prompt; set max_new_tokens"
+        )
     cfg = _decode_config(model, generation_config, knobs, assistant is not None, max_new)
     engine = _engine(model, assistant, cfg, generation_config)
     gen = engine.stream(prompt, cfg)
@@ -210,8 +260,12 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     sequences = torch.cat([input_ids[0], new]).unsqueeze(0)
     if not generation_config.return_dict_in_generate:
         return sequences
-    return LoosespecGenerateOutput(sequences=sequences, stats=result.stats.to_dict(),
-                                   decode_config=cfg.to_dict(), finish_reason=result.finish_reason)
+    return LoosespecGenerateOutput(
+        sequences=sequences,
+        stats=result.stats.to_dict(),
+        decode_config=cfg.to_dict(),
+        finish_reason=result.finish_reason,
+    )
 
 
 def _check_arguments(model, input_ids, gc, logits_processor, stopping_criteria, call: dict, model_kwargs: dict):
@@ -219,40 +273,54 @@ def _check_arguments(model, input_ids, gc, logits_processor, stopping_criteria, 
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise GenerateArgumentError("input_ids: loosespec's generate needs the prompt's token ids, [1, length]")
     if model.config.is_encoder_decoder:
-        raise GenerateArgumentError(f"{type(model).__name__} is an encoder-decoder model; loosespec decodes causal "
-                                    "(decoder-only) language models")
+        raise GenerateArgumentError(
+            f"{type(model).__name__} is an encoder-decoder model; loosespec decodes causal "
+            "(decoder-only) language models"
+        )
     for name, off in _OFF.items():  # first: beams and num_return_sequences also multiply the batch
         value = getattr(gc, name, None)
         if not any(value is o or (o is not None and value == o) for o in off):
             why = _WHY.get(name, "loosespec does not implement it")
-            raise GenerateArgumentError(f"{name}={value!r}{_origin(model, name, value)} is not supported by loosespec's "
-                                        f"custom_generate ({why}); pass {name}={off[-1]!r}")
+            raise GenerateArgumentError(
+                f"{name}={value!r}{_origin(model, name, value)} is not supported by loosespec's "
+                f"custom_generate ({why}); pass {name}={off[-1]!r}"
+            )
     if input_ids.shape[0] != 1:
-        raise GenerateArgumentError(f"input_ids: batch size {input_ids.shape[0]} is not supported, loosespec decodes "
-                                    "one prompt at a time; call generate once per prompt")
+        raise GenerateArgumentError(
+            f"input_ids: batch size {input_ids.shape[0]} is not supported, loosespec decodes "
+            "one prompt at a time; call generate once per prompt"
+        )
     for name in ("prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask"):
         if call.get(name) is not None:
             raise GenerateArgumentError(f"{name} is not supported by loosespec's custom_generate")
     for name in ("logits_processor", "stopping_criteria"):
         if call.get(name):  # the caller's own list, before transformers added its own
-            raise GenerateArgumentError(f"{name}: loosespec's custom_generate cannot apply the caller's "
-                                        f"{', '.join(type(p).__name__ for p in call[name])}")
+            raise GenerateArgumentError(
+                f"{name}: loosespec's custom_generate cannot apply the caller's "
+                f"{', '.join(type(p).__name__ for p in call[name])}"
+            )
     for p in logits_processor or ():
         if type(p).__name__ not in _HONOURED_PROCESSORS:
-            raise GenerateArgumentError(f"logits processor {type(p).__name__} (from the generation config) is not "
-                                        "supported by loosespec's custom_generate")
+            raise GenerateArgumentError(
+                f"logits processor {type(p).__name__} (from the generation config) is not "
+                "supported by loosespec's custom_generate"
+            )
     for c in stopping_criteria or ():
         if type(c).__name__ not in _HONOURED_CRITERIA:
-            raise GenerateArgumentError(f"stopping criterion {type(c).__name__} (from the generation config) is not "
-                                        "supported by loosespec's custom_generate")
+            raise GenerateArgumentError(
+                f"stopping criterion {type(c).__name__} (from the generation config) is not "
+                "supported by loosespec's custom_generate"
+            )
     cache = model_kwargs.get("past_key_values")
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise GenerateArgumentError("past_key_values: loosespec keeps its own KV cache; pass the whole prompt "
-                                    "without a cache")
+        raise GenerateArgumentError(
+            "past_key_values: loosespec keeps its own KV cache; pass the whole prompt without a cache"
+        )
     for name, value in model_kwargs.items():
         if name not in _PREPARED_INPUTS and value is not None:
-            raise GenerateArgumentError(f"{name}: loosespec's custom_generate decodes from input_ids alone and "
-                                        f"cannot pass {name} to the model")
+            raise GenerateArgumentError(
+                f"{name}: loosespec's custom_generate decodes from input_ids alone and cannot pass {name} to the model"
+            )
 
 
 def _origin(model, name: str, value) -> str:
@@ -267,12 +335,15 @@ def _prompt(input_ids: torch.Tensor, attention_mask) -> torch.Tensor:
         return ids
     mask = attention_mask[0].cpu().bool()
     if mask.shape != ids.shape:
-        raise GenerateArgumentError(f"attention_mask of shape {tuple(attention_mask.shape)} does not match "
-                                    f"input_ids {tuple(input_ids.shape)}")
+        raise GenerateArgumentError(
+            f"attention_mask of shape {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
+        )
     pad = int((~mask).long().cumprod(0).sum())  # leading masked positions
     if not bool(mask[pad:].all()) or pad == ids.shape[0]:
-        raise GenerateArgumentError("attention_mask: only left padding is supported (masked positions before the "
-                                    "prompt, none inside or after it)")
+        raise GenerateArgumentError(
+            "attention_mask: only left padding is supported (masked positions before the "
+            "prompt, none inside or after it)"
+        )
     return ids[pad:]
 
 
@@ -282,24 +353,39 @@ def _decode_config(model, gc, knobs: dict, has_draft: bool, max_new: int) -> Dec
     method = knobs.pop("method", None) or ("rejection" if sample else "exact")
     spec = METHODS.get(method)  # an unknown name: DecodeConfig.create says so
     if sample and spec is not None and spec.greedy_only:
-        raise GenerateArgumentError(f"do_sample=True{_origin(model, 'do_sample', True)} with method={method!r}, which "
-                                    "is greedy: pass do_sample=False, or sample with method='rejection' (lossless) or "
-                                    "'fly'")
+        raise GenerateArgumentError(
+            f"do_sample=True{_origin(model, 'do_sample', True)} with method={method!r}, which "
+            "is greedy: pass do_sample=False, or sample with method='rejection' (lossless) or "
+            "'fly'"
+        )
     sampling = dict(temperature=0.0, top_p=1.0, top_k=0)
     if sample:
-        sampling = dict(temperature=1.0 if gc.temperature is None else float(gc.temperature),
-                        top_p=1.0 if gc.top_p is None else float(gc.top_p), top_k=int(gc.top_k or 0))
+        sampling = dict(
+            temperature=1.0 if gc.temperature is None else float(gc.temperature),
+            top_p=1.0 if gc.top_p is None else float(gc.top_p),
+            top_k=int(gc.top_k or 0),
+        )
         if "seed" not in knobs:  # torch.manual_seed before generate reproduces the run, as it does for generate
             knobs["seed"] = int(torch.randint(0, 2**62, (1,)).item())
     drafter = knobs.pop("drafter", None)
     if not has_draft and spec is not None and spec.needs_draft_model:
-        raise GenerateArgumentError(f"method={method!r} drafts whole steps with a draft model: pass "
-                                    "assistant_model=<a smaller model>")
+        raise GenerateArgumentError(
+            f"method={method!r} drafts whole steps with a draft model: pass assistant_model=<a smaller model>"
+        )
     if not has_draft and drafter_needs_draft_model(drafter):
-        raise GenerateArgumentError(f"drafter={drafter!r} drafts with a draft model: pass assistant_model=<a smaller "
-                                    "model>, or use drafter='ngram'")
-    return DecodeConfig.create(method, drafter, knobs.pop("num_draft_tokens", None), has_draft_model=has_draft,
-                               max_new_tokens=max_new, **sampling, **knobs)
+        raise GenerateArgumentError(
+            f"drafter={drafter!r} drafts with a draft model: pass assistant_model=<a smaller "
+            "model>, or use drafter='ngram'"
+        )
+    return DecodeConfig.create(
+        method,
+        drafter,
+        knobs.pop("num_draft_tokens", None),
+        has_draft_model=has_draft,
+        max_new_tokens=max_new,
+        **sampling,
+        **knobs,
+    )
 
 
 class _NoTokenizer:
@@ -369,12 +455,15 @@ def _engine(model, assistant, cfg: DecodeConfig, gc):
             raise GenerateArgumentError(
                 f"assistant_model has another vocabulary ({_width(assistant)} tokens, the model {_width(model)}): "
                 "drafting across tokenizers needs both tokenizers, and loosespec found none for "
-                f"{'the model' if tok is None else 'assistant_model'} (it loads them from name_or_path)")
+                f"{'the model' if tok is None else 'assistant_model'} (it loads them from name_or_path)"
+            )
         tok = draft_tok = tok or draft_tok  # one vocabulary: one tokenizer for both, as generate assumes
     needs_text = METHODS[cfg.method].step_level  # steps end at a delimiter in the text
     if tok is None and needs_text:
-        raise GenerateArgumentError(f"method={cfg.method!r} finds steps in text and needs the model's tokenizer; "
-                                    "loosespec found none (it loads it from the model's name_or_path)")
+        raise GenerateArgumentError(
+            f"method={cfg.method!r} finds steps in text and needs the model's tokenizer; "
+            "loosespec found none (it loads it from the model's name_or_path)"
+        )
     tok = tok if tok is not None else _NoTokenizer()
     engine = Engine(_loaded(model, tok), _loaded(assistant, draft_tok or tok) if assistant is not None else None)
     eos = gc.eos_token_id

@@ -32,8 +32,10 @@ def hub_readme() -> str:
     """The Hub repository's README: what the method is, which methods are lossy, its arguments, usage."""
     from loosespec import __version__
 
-    methods = "\n".join(f"| `{m.name}` | {'**LOSSY**' if m.lossy else 'lossless'} | {m.summary} |"
-                        for m in METHODS.values())
+    methods = "\n".join(
+        f"| `{m.name}` | {'**LOSSY**' if m.lossy else 'lossless'} | {m.summary} |" for m in METHODS.values()
+    )
+
     def cell(text) -> str:
         return str(text).replace("\n", "\\n").replace("|", "\\|")
 
@@ -140,8 +142,10 @@ def write_hub_layout(out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loosespec.integrations.hf_hub",
-                                description="Write loosespec's transformers custom_generate in the Hub layout.")
+    p = argparse.ArgumentParser(
+        prog="python -m loosespec.integrations.hf_hub",
+        description="Write loosespec's transformers custom_generate in the Hub layout.",
+    )
     p.add_argument("out", help="directory to write (custom_generate/generate.py, requirements.txt, README.md)")
     out = write_hub_layout(p.parse_args(argv).out)
     print(f"wrote {out}: model.generate(..., custom_generate={str(out)!r}, trust_remote_code=True)")

@@ -54,8 +54,10 @@ def parse_allow_origins(values) -> tuple[str, ...]:
             if item != "*":
                 shown = item[:-1] if item.endswith("/") and "://" in item else item
                 if ("://" in item and _origin(shown) is None) or ("://" not in item and _host_port(item) is None):
-                    raise ValueError(f"--allow-origin {item!r} is neither an origin (scheme://host[:port], no path), "
-                                     "a host name (host[:port]) nor '*'")
+                    raise ValueError(
+                        f"--allow-origin {item!r} is neither an origin (scheme://host[:port], no path), "
+                        "a host name (host[:port]) nor '*'"
+                    )
                 item = shown
             out.append(item)
     return tuple(dict.fromkeys(out))
@@ -102,22 +104,33 @@ class _Access:
             authority = _host_port(host)
             names = self.names | ({str(local_name).lower()} if local_name else set())
             ok = authority is not None and (
-                (authority[0] in names and authority[1] in (None, local_port)) or self._listed(self.hosts, *authority))
+                (authority[0] in names and authority[1] in (None, local_port)) or self._listed(self.hosts, *authority)
+            )
             if not ok:
-                return ApiError(403, f"Host {host!r} is not allowed: this server answers requests addressed to "
-                                f"{', '.join(sorted(names))} (port {local_port}), a guard against DNS rebinding; "
-                                "to accept this name, start it with --allow-origin NAME", "invalid_request_error",
-                                None, "host_not_allowed")
+                return ApiError(
+                    403,
+                    f"Host {host!r} is not allowed: this server answers requests addressed to "
+                    f"{', '.join(sorted(names))} (port {local_port}), a guard against DNS rebinding; "
+                    "to accept this name, start it with --allow-origin NAME",
+                    "invalid_request_error",
+                    None,
+                    "host_not_allowed",
+                )
         if origin is not None:
             o = _origin(origin)
             same = None
             if o is not None and host is not None and (authority := _host_port(host)) is not None:
-                same = (o[0] == scheme and authority[0] == o[1]
-                        and (authority[1] or _DEFAULT_PORTS.get(scheme)) == o[2])
+                same = o[0] == scheme and authority[0] == o[1] and (authority[1] or _DEFAULT_PORTS.get(scheme)) == o[2]
             if o is None or not (o in self.origins or self._listed(self.origin_hosts, o[1], o[2]) or same):
-                return ApiError(403, f"Origin {origin!r} is not allowed: web pages may call this server only from "
-                                "origins named by --allow-origin (a guard against DNS rebinding and cross-site "
-                                "requests)", "invalid_request_error", None, "origin_not_allowed")
+                return ApiError(
+                    403,
+                    f"Origin {origin!r} is not allowed: web pages may call this server only from "
+                    "origins named by --allow-origin (a guard against DNS rebinding and cross-site "
+                    "requests)",
+                    "invalid_request_error",
+                    None,
+                    "origin_not_allowed",
+                )
         return None
 
 
@@ -164,9 +177,12 @@ class _Gate:
                 return ApiError(400, f"more than one {name.decode()} header")
             headers[name] = value
         host, origin = headers.get(b"host"), headers.get(b"origin")
-        error = self.access.check(host.decode("latin-1") if host is not None else None,
-                                  origin.decode("latin-1") if origin is not None else None, scope.get("server"),
-                                  scope.get("scheme", "http"))
+        error = self.access.check(
+            host.decode("latin-1") if host is not None else None,
+            origin.decode("latin-1") if origin is not None else None,
+            scope.get("server"),
+            scope.get("scheme", "http"),
+        )
         if error is not None:
             return error
         if self.cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
@@ -175,8 +191,13 @@ class _Gate:
             auth = headers.get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.key):
-                return ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                "authentication_error", None, "invalid_api_key")
+                return ApiError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    "authentication_error",
+                    None,
+                    "invalid_api_key",
+                )
         length = headers.get(b"content-length")
         if length is not None:
             try:
@@ -184,8 +205,9 @@ class _Gate:
             except ValueError:
                 return ApiError(400, "bad Content-Length header")
             if too_big:
-                return ApiError(413, f"request body over {self.settings.max_body_bytes} bytes",
-                                code="request_too_large")
+                return ApiError(
+                    413, f"request body over {self.settings.max_body_bytes} bytes", code="request_too_large"
+                )
         return None
 
     def _limited(self, receive):

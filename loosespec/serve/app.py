@@ -76,15 +76,25 @@ DISCONNECT_CHECK_S = 0.5  # how often a waiting handler looks for a disconnected
 
 
 def _usage(stats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens}
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+    }
 
 
 def _metrics(result, job: Job) -> dict:
     s = result.stats
-    return {"lossy": job.cfg.lossy, "speculative_decoding": speculative_metrics(s, job.cfg),
-            "timing": {"queue_s": round(job.started - job.arrived, 4), "ttft_s": round(s.ttft_s, 4),
-                       "generation_s": round(s.wall_s, 4), "tokens_per_s": round(s.tokens_per_s, 3)}}
+    return {
+        "lossy": job.cfg.lossy,
+        "speculative_decoding": speculative_metrics(s, job.cfg),
+        "timing": {
+            "queue_s": round(job.started - job.arrived, 4),
+            "ttft_s": round(s.ttft_s, 4),
+            "generation_s": round(s.wall_s, 4),
+            "tokens_per_s": round(s.tokens_per_s, 3),
+        },
+    }
 
 
 def _sse(obj: Any) -> str:
@@ -105,16 +115,25 @@ class _Shape:
 
     def full(self, result, job: Job) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
-                      "finish_reason": result.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
         else:
             choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": _usage(result.stats), "metrics": _metrics(result, job),
-                "system_fingerprint": f"loosespec-{__version__}"}
+        return {
+            **self._head("chat.completion" if self.chat else "text_completion"),
+            "choices": [choice],
+            "usage": _usage(result.stats),
+            "metrics": _metrics(result, job),
+            "system_fingerprint": f"loosespec-{__version__}",
+        }
 
-    def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, role: bool = False,
-              usage: Any = ...) -> dict:
+    def chunk(
+        self, text: Optional[str], finish_reason: Optional[str] = None, role: bool = False, usage: Any = ...
+    ) -> dict:
         if self.chat:
             delta = {}
             if role:
@@ -130,8 +149,11 @@ class _Shape:
         return out
 
     def usage_chunk(self, result) -> dict:
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": _usage(result.stats)}
+        return {
+            **self._head("chat.completion.chunk" if self.chat else "text_completion"),
+            "choices": [],
+            "usage": _usage(result.stats),
+        }
 
 
 async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
@@ -146,7 +168,6 @@ async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
             return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_CHECK_S)
         except asyncio.TimeoutError:
             pass
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,14 +189,24 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
         finally:
             await worker.stop()
 
-    app = FastAPI(title="loosespec", version=__version__, lifespan=lifespan,
-                  summary="OpenAI-compatible server for loose speculative decoding (FLy, SpecGuard: LOSSY)")
+    app = FastAPI(
+        title="loosespec",
+        version=__version__,
+        lifespan=lifespan,
+        summary="OpenAI-compatible server for loose speculative decoding (FLy, SpecGuard: LOSSY)",
+    )
     app.state.worker, app.state.metrics, app.state.frontend, app.state.settings = worker, metrics, front, settings
     if settings.allow_origins:  # inside the gate, which has refused every origin not allowed
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"],
-                           expose_headers=["X-Loosespec-Method", "X-Loosespec-Lossy"], max_age=600)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=["*"],
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+            expose_headers=["X-Loosespec-Method", "X-Loosespec-Lossy"],
+            max_age=600,
+        )
     app.add_middleware(_Gate, settings=settings, metrics=metrics)
 
     @app.exception_handler(ApiError)
@@ -212,11 +243,20 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": settings.served_model_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "loosespec",
-                                            "root": engine.target.name,
-                                            "max_model_len": front.context,
-                                            "draft": engine.draft.name if engine.draft is not None else None}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "loosespec",
+                    "root": engine.target.name,
+                    "max_model_len": front.context,
+                    "draft": engine.draft.name if engine.draft is not None else None,
+                }
+            ],
+        }
 
     async def run(req: CommonFields, request: Request, chat: bool, endpoint: str):
         front.check_common(req)  # cheap checks, then admission (429), then tokenizing: a flood costs no tokenizing
@@ -231,8 +271,11 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
         headers = {"X-Loosespec-Method": cfg.method, "X-Loosespec-Lossy": str(cfg.lossy).lower()}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(job, shape, request, include_usage), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _stream(job, shape, request, include_usage),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         try:
             while True:
                 kind, payload = await _next_event(job, request)
@@ -302,8 +345,7 @@ def make_server(app: FastAPI, **config):
     return _Server(uvicorn.Config(app, **config))
 
 
-def serve(engine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info") -> None:
+def serve(engine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
     """Run the server until interrupted."""
     import dataclasses
 

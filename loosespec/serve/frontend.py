@@ -29,9 +29,17 @@ log = logging.getLogger(__name__)
 
 _SPEC_FIELDS = tuple(SpecFields.model_fields)
 _UNSUPPORTED = {  # OpenAI field -> its accepted no-op values
-    "n": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-    "tools": (None,), "tool_choice": (None, "none", "auto"), "logit_bias": (None,),
+    "n": (None, 1),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None,),
+    "tool_choice": (None, "none", "auto"),
+    "logit_bias": (None,),
 }
 
 
@@ -62,24 +70,38 @@ class Frontend:
 
     def check_common(self, req: CommonFields) -> None:
         if req.model is not None and req.model not in self.names:
-            raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
-                           f"'{self.settings.served_model_name}' (GET /v1/models)", "invalid_request_error",
-                           "model", "model_not_found")
+            raise ApiError(
+                404,
+                f"The model '{req.model}' does not exist; this server serves "
+                f"'{self.settings.served_model_name}' (GET /v1/models)",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         for name, ok in _UNSUPPORTED.items():
             value = getattr(req, name)
             if value in ok or (name == "logit_bias" and not value) or (name == "tools" and not value):
                 continue
-            raise ApiError(400, f"'{name}' is not supported by loosespec (got {value!r})", param=name,
-                           code="unsupported_parameter")
+            raise ApiError(
+                400, f"'{name}' is not supported by loosespec (got {value!r})", param=name, code="unsupported_parameter"
+            )
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format",
-                           code="unsupported_parameter")
+            raise ApiError(
+                400,
+                "only response_format {'type': 'text'} is supported",
+                param="response_format",
+                code="unsupported_parameter",
+            )
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
         typos = [k for k in (req.model_extra or {}) if k.startswith(_NAMESPACES)]
         if typos:
-            raise ApiError(400, f"unknown parameter '{typos[0]}'; loosespec's parameters are: "
-                           f"{', '.join(_SPEC_FIELDS)}", param=typos[0], code="unknown_parameter")
+            raise ApiError(
+                400,
+                f"unknown parameter '{typos[0]}'; loosespec's parameters are: {', '.join(_SPEC_FIELDS)}",
+                param=typos[0],
+                code="unknown_parameter",
+            )
         if req.stop is not None:
             stop = [req.stop] if isinstance(req.stop, str) else req.stop
             if len(stop) > MAX_STOP_STRINGS:
@@ -88,11 +110,15 @@ class Frontend:
                 if not s:
                     raise ApiError(400, "stop strings must be non-empty", param="stop")
                 if len(s) > MAX_STOP_CHARS:
-                    raise ApiError(400, f"a stop string may have at most {MAX_STOP_CHARS} characters, got one of "
-                                   f"{len(s)}", param="stop")
+                    raise ApiError(
+                        400,
+                        f"a stop string may have at most {MAX_STOP_CHARS} characters, got one of {len(s)}",
+                        param="stop",
+                    )
         if req.fly_entropy_top_k is not None and req.fly_entropy_top_k > self.vocab_size:
-            raise ApiError(400, f"fly_entropy_top_k must be <= the vocabulary size {self.vocab_size}",
-                           param="fly_entropy_top_k")
+            raise ApiError(
+                400, f"fly_entropy_top_k must be <= the vocabulary size {self.vocab_size}", param="fly_entropy_top_k"
+            )
         if req.model_extra:
             log.debug("ignoring unknown request fields: %s", ", ".join(req.model_extra))
 
@@ -122,12 +148,22 @@ class Frontend:
             kw["temperature"] = 0.0
         sg_temperature = kw.get("sg_temperature")
         if sg_temperature is not None and sg_temperature < SAMPLING_EPS:
-            raise ApiError(400, f"sg_temperature must be >= {SAMPLING_EPS:g} (the first SpecGuard candidate is "
-                           f"already the greedy one), got {sg_temperature!r}", param="sg_temperature")
+            raise ApiError(
+                400,
+                f"sg_temperature must be >= {SAMPLING_EPS:g} (the first SpecGuard candidate is "
+                f"already the greedy one), got {sg_temperature!r}",
+                param="sg_temperature",
+            )
         has_draft = self.engine.draft is not None
         try:
-            cfg = DecodeConfig.create(method, kw.pop("drafter", None), kw.pop("num_draft_tokens", None),
-                                      has_draft_model=has_draft, max_new_tokens=max_new_tokens, **kw)
+            cfg = DecodeConfig.create(
+                method,
+                kw.pop("drafter", None),
+                kw.pop("num_draft_tokens", None),
+                has_draft_model=has_draft,
+                max_new_tokens=max_new_tokens,
+                **kw,
+            )
         except ConfigError as e:  # names the field: the request's own name for it
             raise ApiError(400, e.render("field"), param=e.field) from None
         except TypeError as e:  # a wrong type that slipped through (should not happen)
@@ -135,24 +171,36 @@ class Frontend:
         if not has_draft and needs_draft_model(cfg.method, cfg.drafter):
             own = METHODS[cfg.method].needs_draft_model  # the method's own steps, else its drafter
             what = f"method '{cfg.method}'" if own else f"drafter '{cfg.drafter}'"
-            raise ApiError(400, f"{what} needs a draft model, but this server has none (start it with "
-                           "--draft); use drafter 'ngram' or method 'ar'", param="method" if own else "drafter")
+            raise ApiError(
+                400,
+                f"{what} needs a draft model, but this server has none (start it with "
+                "--draft); use drafter 'ngram' or method 'ar'",
+                param="method" if own else "drafter",
+            )
         return cfg
 
     def max_new_tokens(self, requested: Optional[int], prompt_len: int, param: str, chat: bool) -> int:
         room = self.context - prompt_len
         if room < 1:
-            raise ApiError(400, f"the prompt has {prompt_len} tokens; this model's context is {self.context} "
-                           "tokens, leaving no room for a completion", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {prompt_len} tokens; this model's context is {self.context} "
+                "tokens, leaving no room for a completion",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
         if requested is None:
             return min(self.settings.max_tokens_default, room)
         if requested < 1:
             raise ApiError(400, f"{param} must be a positive integer, got {requested}", param=param)
         if requested > room:
-            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len} "
-                           f"and {param} asks for {requested} more (at most {room})", param=param,
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"this model's context is {self.context} tokens; the prompt has {prompt_len} "
+                f"and {param} asks for {requested} more (at most {room})",
+                param=param,
+                code="context_length_exceeded",
+            )
         return requested
 
     # -- tokenization (in a thread) -------------------------------------------------------------
@@ -185,9 +233,10 @@ class Frontend:
 
         if chat:
             ids = await run_in_threadpool(self._encode, self.chat_prompt(req), False)
-            requested, param = (req.max_completion_tokens if req.max_completion_tokens is not None
-                                else req.max_tokens), ("max_completion_tokens" if req.max_completion_tokens
-                                                       is not None else "max_tokens")
+            requested, param = (
+                (req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens),
+                ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"),
+            )
         else:
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -197,8 +246,9 @@ class Frontend:
             else:
                 if isinstance(prompt, list):
                     if len(prompt) != 1:
-                        raise ApiError(400, "one prompt per request (batched prompts are not supported)",
-                                       param="prompt")
+                        raise ApiError(
+                            400, "one prompt per request (batched prompts are not supported)", param="prompt"
+                        )
                     prompt = prompt[0]
                 ids = await run_in_threadpool(self._encode, prompt, True) if prompt else torch.zeros(0)
             requested, param = req.max_tokens, "max_tokens"

@@ -25,38 +25,78 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         m = ("method",)
         p = "loosespec:"
-        self.requests = Counter(p + "http_requests", "HTTP requests to /v1/* by endpoint and status code",
-                                ("endpoint", "status"), registry=r)
-        self.finished = Counter(p + "request_success", "Generations run to the end, by method and finish reason "
-                                "(vLLM's vllm:request_success)", ("method", "finished_reason"), registry=r)
-        self.cancelled = Counter(p + "requests_cancelled", "Generations stopped (or dropped from the queue) "
-                                 "because the client disconnected", registry=r)
+        self.requests = Counter(
+            p + "http_requests",
+            "HTTP requests to /v1/* by endpoint and status code",
+            ("endpoint", "status"),
+            registry=r,
+        )
+        self.finished = Counter(
+            p + "request_success",
+            "Generations run to the end, by method and finish reason (vLLM's vllm:request_success)",
+            ("method", "finished_reason"),
+            registry=r,
+        )
+        self.cancelled = Counter(
+            p + "requests_cancelled",
+            "Generations stopped (or dropped from the queue) because the client disconnected",
+            registry=r,
+        )
         self.failed = Counter(p + "requests_failed", "Generations that ended with an error", registry=r)
         self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting for the worker", registry=r)
         self.running = Gauge(p + "num_requests_running", "Generations running (0 or 1)", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", m, registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", m, registry=r)
-        self.num_drafts = Counter(p + "spec_decode_num_drafts", "Rounds that drafted at least one token (an "
-                                  "accepted SpecGuard step counts as one)", m, registry=r)
+        self.num_drafts = Counter(
+            p + "spec_decode_num_drafts",
+            "Rounds that drafted at least one token (an accepted SpecGuard step counts as one)",
+            m,
+            registry=r,
+        )
         self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", m, registry=r)
-        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", m,
-                                           registry=r)
-        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
-                                        "each draft position (0-based)", ("method", "position"), registry=r)
+        self.num_accepted_tokens = Counter(
+            p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", m, registry=r
+        )
+        self.accepted_per_pos = Counter(
+            p + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position (0-based)",
+            ("method", "position"),
+            registry=r,
+        )
         # each rule counter a method of the registry reports (loosespec.methods), by method
-        self.rule_counters = {name: Counter(p + name, f"{name} summed over rounds (the rule's own counter; see "
-                                            "loosespec.decode.stats)", m, registry=r) for name in ALL_COUNTERS}
+        self.rule_counters = {
+            name: Counter(
+                p + name,
+                f"{name} summed over rounds (the rule's own counter; see loosespec.decode.stats)",
+                m,
+                registry=r,
+            )
+            for name in ALL_COUNTERS
+        }
         self.sg_steps = Counter(p + "specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
-        self.sg_accepted = Counter(p + "specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted",
-                                   registry=r)
-        self.latency = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token", ("endpoint",),
-                                 buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram(p + "request_queue_time_seconds", "Arrival to start of generation",
-                                    buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first committed token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.generation_time = Histogram(p + "request_inference_time_seconds", "Generation wall time (prefill + "
-                                         "decode)", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.sg_accepted = Counter(
+            p + "specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted", registry=r
+        )
+        self.latency = Histogram(
+            p + "e2e_request_latency_seconds",
+            "Arrival to last token",
+            ("endpoint",),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            p + "request_queue_time_seconds", "Arrival to start of generation", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds", "Arrival to first committed token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.generation_time = Histogram(
+            p + "request_inference_time_seconds",
+            "Generation wall time (prefill + decode)",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def record(self, job, stats) -> None:
         """Token-level counters of one generation, finished or not (called from the worker with its
@@ -90,7 +130,9 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
     s = result_stats
     drafts = s.drafts
     spec = {
-        "method": cfg.method, "drafter": cfg.drafter, "lossy": cfg.lossy,
+        "method": cfg.method,
+        "drafter": cfg.drafter,
+        "lossy": cfg.lossy,
         "num_drafts": drafts,
         "num_draft_tokens": s.drafted_tokens,
         "num_accepted_tokens": s.accepted_tokens,
@@ -103,8 +145,17 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
         "draft_forwards": s.draft_forwards,
     }
     d = s.to_dict()
-    for k in (*ALL_COUNTERS, "steps", "accepted_steps", "target_steps", "candidates_drafted", "step_accept_rate",
-              "mean_grounding", "mean_confidence", "mean_score"):  # the rules' counters (FLy's), SpecGuard's steps
+    for k in (
+        *ALL_COUNTERS,
+        "steps",
+        "accepted_steps",
+        "target_steps",
+        "candidates_drafted",
+        "step_accept_rate",
+        "mean_grounding",
+        "mean_confidence",
+        "mean_score",
+    ):  # the rules' counters (FLy's), SpecGuard's steps
         if k in d:
             spec[k if k.startswith("fly_") else f"sg_{k}"] = d[k]
     return spec

@@ -50,8 +50,14 @@ class ServerSettings:
 class ApiError(Exception):
     """An OpenAI-style error response."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -62,10 +68,14 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-_STATUS_TYPES = {401: ("authentication_error", "invalid_api_key"), 403: ("invalid_request_error", "forbidden"),
-                 404: ("invalid_request_error", "not_found"),
-                 405: ("invalid_request_error", "method_not_allowed"),
-                 413: ("invalid_request_error", "request_too_large"), 429: ("rate_limit_exceeded", "rate_limit_exceeded")}
+_STATUS_TYPES = {
+    401: ("authentication_error", "invalid_api_key"),
+    403: ("invalid_request_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_exceeded", "rate_limit_exceeded"),
+}
 
 
 def _http_error(status: int, message: str) -> ApiError:
@@ -80,8 +90,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
     # union members add their type to the location (messages.0.content.str): keep the field path
-    param = ".".join(x for x in loc if not any(c in x for c in "[]()") and x not in
-                     ("str", "int", "float", "bool", "list", "dict", "list[str]", "list[int]")) or None
+    param = (
+        ".".join(
+            x
+            for x in loc
+            if not any(c in x for c in "[]()")
+            and x not in ("str", "int", "float", "bool", "list", "dict", "list[str]", "list[int]")
+        )
+        or None
+    )
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
     if not loc and e.get("type") == "missing":
@@ -124,8 +141,9 @@ def _request_field(name: str):
 
 # loosespec's per-request method selection: every knob declared as a request field in loosespec.config, with the
 # CLI's names (--fly-window-size -> fly_window_size), derived from that one declaration
-SpecFields = create_model("SpecFields", __base__=_Base,
-                          **{name: _request_field(name) for name in KNOBS if knob_info(name).request})
+SpecFields = create_model(
+    "SpecFields", __base__=_Base, **{name: _request_field(name) for name in KNOBS if knob_info(name).request}
+)
 
 
 class StreamOptions(_Base):

@@ -21,6 +21,7 @@ from loosespec.serve.protocol import STALL_TIMEOUT_S, ApiError
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Job:
     prompt_ids: torch.Tensor
@@ -149,11 +150,17 @@ class Worker:
         self.closing = True
         busy = self.current is not None or self.waiting() > 0
         if busy:
-            log.warning("shutting down: %d request(s) running or waiting get %g s to finish (--shutdown-timeout)",
-                        self.waiting() + (self.current is not None), timeout_s)
+            log.warning(
+                "shutting down: %d request(s) running or waiting get %g s to finish (--shutdown-timeout)",
+                self.waiting() + (self.current is not None),
+                timeout_s,
+            )
         self._deadline = asyncio.get_running_loop().call_later(
-            max(0.0, timeout_s), self.abort_all, f"the server is shutting down and its --shutdown-timeout "
-            f"({timeout_s:g} s) passed before this request finished; retry")
+            max(0.0, timeout_s),
+            self.abort_all,
+            f"the server is shutting down and its --shutdown-timeout "
+            f"({timeout_s:g} s) passed before this request finished; retry",
+        )
 
     def abort_all(self, reason: str) -> None:
         """Answer every waiting and running request with 503 ``reason`` (called on the event loop)."""
@@ -175,9 +182,14 @@ class Worker:
         if self.closing:
             raise ApiError(503, "the server is shutting down; retry", "server_error", None, "server_shutting_down")
         if self.waiting() + self.reserved >= self.max_queue:
-            raise ApiError(429, f"server busy: {self.waiting() + self.reserved} requests already waiting "
-                           f"(--max-queue {self.max_queue}); retry later", "rate_limit_exceeded", None,
-                           "rate_limit_exceeded")
+            raise ApiError(
+                429,
+                f"server busy: {self.waiting() + self.reserved} requests already waiting "
+                f"(--max-queue {self.max_queue}); retry later",
+                "rate_limit_exceeded",
+                None,
+                "rate_limit_exceeded",
+            )
 
     def reserve(self) -> None:
         """Admit a request: a place in the queue, held while it is tokenized (429 when none is left)."""
@@ -204,8 +216,13 @@ class Worker:
             status = "stalled"
         else:
             status = "ok"
-        body = {"status": status, "queue_waiting": self.waiting(), "running": running,
-                "last_progress_s": round(quiet, 3), "stall_timeout_s": self.stall_timeout_s}
+        body = {
+            "status": status,
+            "queue_waiting": self.waiting(),
+            "running": running,
+            "last_progress_s": round(quiet, 3),
+            "stall_timeout_s": self.stall_timeout_s,
+        }
         return (200 if status == "ok" else 503), body
 
     def progress(self) -> None:

@@ -18,6 +18,13 @@ from loosespec.verify.sampling import SamplingParams, logits_to_probs, sample
 from loosespec.verify.types import Verdict
 
 __all__ = [
-    "Verdict", "SamplingParams", "logits_to_probs", "sample", "match_mask", "first_false",
-    "prefix_verdict", "greedy_verify", "rejection_verify",
+    "Verdict",
+    "SamplingParams",
+    "logits_to_probs",
+    "sample",
+    "match_mask",
+    "first_false",
+    "prefix_verdict",
+    "greedy_verify",
+    "rejection_verify",
 ]

@@ -71,7 +71,13 @@ from loosespec.verify.sampling import sample
 from loosespec.verify.types import FirstMiss, Verdict
 
 # FLy's per-round counters (fly_events), per draft position seen by the rule
-FLY_COUNTERS = ("fly_prefix_mismatches", "fly_deferred", "fly_hard_rejects", "fly_window_rejects", "fly_boundary_rejects")
+FLY_COUNTERS = (
+    "fly_prefix_mismatches",
+    "fly_deferred",
+    "fly_hard_rejects",
+    "fly_window_rejects",
+    "fly_boundary_rejects",
+)
 # the official FLy code's counters, over all K draft positions (not only up to the first reject): mismatches before
 # the gate, and the mismatches gate, window and boundary would keep; the paper's FLy accept rate is their ratio
 FLY_OFFICIAL_COUNTERS = ("fly_initial_mismatches", "fly_window_rescues")
@@ -93,8 +99,10 @@ def fly_theta_problem(theta: float | None) -> str | None:
     functions here, the vLLM plugin): the official FLy code turns its gate off for any theta in
     (0, 0.01], where the rule as written would gate at that entropy; rather than guess which was meant, refuse."""
     if theta is not None and 0.0 < theta <= 0.01:
-        return (f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
-                "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01")
+        return (
+            f"= {theta!r} is ambiguous: the official FLy code turns the entropy gate off for any theta in "
+            "(0, 0.01], this one would gate at that entropy; pass 0 to turn the gate off, or a value above 0.01"
+        )
     return None
 
 
@@ -139,8 +147,13 @@ def window_clear(match: torch.Tensor, window_size: int) -> torch.Tensor:
     return (miss[hi] - miss[lo]) == 0
 
 
-def within_boundary(k: int, window_size: int, device: torch.device | str = "cpu",
-                    num_draft_tokens: int | None = None, boundary: str = BOUNDARY) -> torch.Tensor:
+def within_boundary(
+    k: int,
+    window_size: int,
+    device: torch.device | str = "cpu",
+    num_draft_tokens: int | None = None,
+    boundary: str = BOUNDARY,
+) -> torch.Tensor:
     """[k] True where a mismatch may be deferred in a draft of length k.
 
     ``window`` (vLLM's native FLy): the window ``j+1 .. j+W`` fits inside the draft, ``j + W < k``.
@@ -172,11 +185,11 @@ class PromptCopyGuard:
             raise ValueError(f"the copy guard compares n-grams of at least one token, got n = {n}")
         ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
         self.n = n
-        self.grams = frozenset(tuple(ids[i:i + n]) for i in range(len(ids) - n + 1))
+        self.grams = frozenset(tuple(ids[i : i + n]) for i in range(len(ids) - n + 1))
 
     def __call__(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         d, n = draft_tokens.tolist(), self.n
-        hits = [j + n <= len(d) and tuple(d[j:j + n]) in self.grams for j in range(len(d))]
+        hits = [j + n <= len(d) and tuple(d[j : j + n]) in self.grams for j in range(len(d))]
         return torch.tensor(hits, dtype=torch.bool, device=draft_tokens.device)
 
 
@@ -188,9 +201,15 @@ def loose_mask(match: torch.Tensor, *conditions: torch.Tensor) -> torch.Tensor:
     return match | deferred
 
 
-def fly_mask(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-             num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
-             boundary: str = BOUNDARY) -> torch.Tensor:
+def fly_mask(
+    match: torch.Tensor,
+    entropy: torch.Tensor,
+    theta: float,
+    window_size: int,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> torch.Tensor:
     """FLy's final acceptance mask: gate, window and boundary composed (see module docstring); with the copy
     guard's ``copy`` mask (:class:`PromptCopyGuard`), a mismatch that copies the prompt is not deferred."""
     return _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boundary)[0]
@@ -206,9 +225,16 @@ def _conditions(match, entropy, theta, window_size, num_draft_tokens, copy, boun
     return loose_mask(match, *conditions), gate, window, bound
 
 
-def fly_events(match: torch.Tensor, entropy: torch.Tensor, theta: float, window_size: int,
-               accept: torch.Tensor, num_draft_tokens: int | None = None,
-               copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> dict[str, int]:
+def fly_events(
+    match: torch.Tensor,
+    entropy: torch.Tensor,
+    theta: float,
+    window_size: int,
+    accept: torch.Tensor,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> dict[str, int]:
     """The round's counters (see the module docstring for what each counts).
 
     ``fly_prefix_mismatches`` = deferred + hard (gate) + window + boundary rejects, over the mismatches up to
@@ -231,41 +257,67 @@ def _read_round(match, gate, window, bound, accept, copy) -> tuple[dict[str, int
     miss = ~match & upto
     rescue = ~match & gate & window & bound & (~copy if copy is not None else True)
     names = list(FLY_COUNTERS) + list(FLY_OFFICIAL_COUNTERS)
-    masks = [miss, miss & accept, miss & ~gate, miss & gate & ~window, miss & gate & window & ~bound,
-             ~match, rescue]  # in the names' order
+    masks = [
+        miss,
+        miss & accept,
+        miss & ~gate,
+        miss & gate & ~window,
+        miss & gate & window & ~bound,
+        ~match,
+        rescue,
+    ]  # in the names' order
     if copy is not None:
         names.append(FLY_GUARD_COUNTERS[0])
         masks.append(miss & gate & window & bound & copy)
     first = match.to(torch.int64).cumprod(0).sum()  # natively accepted before the first native reject
     at = first.clamp(max=max(k - 1, 0))
-    values = torch.stack([m.sum() for m in masks] + [bound.any().long(), first]
-                         + ([gate[at].long(), bound[at].long(), accept[at].long()] if k else [])).tolist()
+    values = torch.stack(
+        [m.sum() for m in masks]
+        + [bound.any().long(), first]
+        + ([gate[at].long(), bound[at].long(), accept[at].long()] if k else [])
+    ).tolist()
     events = dict(zip(names, values))
     events[FLY_ROUND_COUNTERS[0]] = values[len(names)]
     pos = values[len(names) + 1]
     if pos >= k:
         return events, None
-    g, b, a = values[len(names) + 2:]
+    g, b, a = values[len(names) + 2 :]
     return events, FirstMiss(pos, bool(g), bool(b), bool(a))
 
 
-def fly_verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA,
-                      window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                      copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
+def fly_verify_greedy(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    theta: float = THETA,
+    window_size: int = WINDOW,
+    top_k: int = TOP_K,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> Verdict:
     """FLy on greedy targets (LOSSY). draft_tokens: [k]; target_logits: [k + 1, V]; ``num_draft_tokens``:
     the nominal K the official boundary follows (default: the draft's length); ``copy``: the copy guard's [k]
     mask (:class:`PromptCopyGuard`), None for the paper's rule."""
     target_tokens = target_logits.argmax(-1)  # [K + 1]
     draft_tokens = draft_tokens.to(target_tokens.device)
     match = match_mask(draft_tokens, target_tokens)
-    return _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                        num_draft_tokens, copy, boundary)
+    return _fly_verdict(
+        match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary
+    )
 
 
-def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tensor, target_probs: torch.Tensor,
-                          generator: torch.Generator | None, theta: float = THETA, window_size: int = WINDOW,
-                          top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                          copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
+def fly_verify_two_sample(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    theta: float = THETA,
+    window_size: int = WINDOW,
+    top_k: int = TOP_K,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> Verdict:
     """FLy as in the official code for T > 0 (LOSSY even before loosening).
 
     A draft token matches when it equals either of two samples from the target's distribution;
@@ -277,14 +329,24 @@ def fly_verify_two_sample(draft_tokens: torch.Tensor, target_logits: torch.Tenso
     k = draft_tokens.shape[0]
     first, second = sample(target_probs, generator), sample(target_probs, generator)  # [K + 1] each
     match = (draft_tokens == first[:k]) | (draft_tokens == second[:k])
-    return _fly_verdict(match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens,
-                        copy, boundary)
+    return _fly_verdict(
+        match, draft_tokens, first, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary
+    )
 
 
-def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                         target_probs: torch.Tensor, generator: torch.Generator | None, theta: float = THETA,
-                         window_size: int = WINDOW, top_k: int = TOP_K, num_draft_tokens: int | None = None,
-                         copy: torch.Tensor | None = None, boundary: str = BOUNDARY) -> Verdict:
+def fly_verify_rejection(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    theta: float = THETA,
+    window_size: int = WINDOW,
+    top_k: int = TOP_K,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> Verdict:
     """FLy layered on rejection sampling (LOSSY): natively rejected positions may be deferred.
 
     ``E_j`` = native acceptance ``u_j < p_j(d_j) / q_j(d_j)`` (each position with its own ``u``);
@@ -295,16 +357,22 @@ def fly_verify_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     draft_tokens = draft_tokens.to(device)
     draft_probs = draft_probs.to(device) if draft_probs is not None else None
     match = native_accept(draft_tokens, draft_probs, target_probs, generator)
-    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy,
-                                     boundary)
+    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary)
     n = first_false(accept)
     nxt = next_token(n, draft_tokens, draft_probs, target_probs, generator)
     return Verdict(n, torch.cat([draft_tokens[:n], nxt]), events, miss)
 
 
-def fly_judge(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
-              top_k: int = TOP_K, num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
-              boundary: str = BOUNDARY) -> tuple[torch.Tensor, dict[str, int], FirstMiss | None]:
+def fly_judge(
+    match: torch.Tensor,
+    target_logits: torch.Tensor,
+    theta: float = THETA,
+    window_size: int = WINDOW,
+    top_k: int = TOP_K,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> tuple[torch.Tensor, dict[str, int], FirstMiss | None]:
     """FLy's acceptance mask over any match mask ([K] bool: exact match, two-sample match or native
     rejection-sampling acceptance), the round's counters, and its first native rejection (:class:`FirstMiss`,
     None when there was none). ``target_logits``: [>= K, V] raw logits, for the entropy gate; ``copy``: the copy
@@ -315,15 +383,31 @@ def fly_judge(match: torch.Tensor, target_logits: torch.Tensor, theta: float = T
     return accept, events, miss
 
 
-def fly_accept(match: torch.Tensor, target_logits: torch.Tensor, theta: float = THETA, window_size: int = WINDOW,
-               top_k: int = TOP_K, num_draft_tokens: int | None = None, copy: torch.Tensor | None = None,
-               boundary: str = BOUNDARY) -> tuple[torch.Tensor, dict[str, int]]:
+def fly_accept(
+    match: torch.Tensor,
+    target_logits: torch.Tensor,
+    theta: float = THETA,
+    window_size: int = WINDOW,
+    top_k: int = TOP_K,
+    num_draft_tokens: int | None = None,
+    copy: torch.Tensor | None = None,
+    boundary: str = BOUNDARY,
+) -> tuple[torch.Tensor, dict[str, int]]:
     """:func:`fly_judge` without the first rejection: (acceptance mask, counters)."""
     return fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary)[:2]
 
 
-def _fly_verdict(match, draft_tokens, target_tokens, target_logits, theta, window_size, top_k,
-                 num_draft_tokens=None, copy=None, boundary=BOUNDARY) -> Verdict:
-    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy,
-                                     boundary)
+def _fly_verdict(
+    match,
+    draft_tokens,
+    target_tokens,
+    target_logits,
+    theta,
+    window_size,
+    top_k,
+    num_draft_tokens=None,
+    copy=None,
+    boundary=BOUNDARY,
+) -> Verdict:
+    accept, events, miss = fly_judge(match, target_logits, theta, window_size, top_k, num_draft_tokens, copy, boundary)
     return replace(prefix_verdict(accept, draft_tokens, target_tokens), events=events, first_miss=miss)

@@ -70,8 +70,9 @@ def grounding_score(rollout: torch.Tensor, step_start: int) -> float:
     return float(rollout[step_start:, :step_start].sum(dim=-1).min())
 
 
-def grounding_from_step_rows(step_attentions: Sequence[torch.Tensor], step_start: int,
-                             threshold: float = ROLLOUT_MIN_WEIGHT) -> float:
+def grounding_from_step_rows(
+    step_attentions: Sequence[torch.Tensor], step_start: int, threshold: float = ROLLOUT_MIN_WEIGHT
+) -> float:
     """:func:`grounding_score` of :func:`attention_rollout`, from the step's attention rows only.
 
     step_attentions: per layer, first to last, [heads, S, L] the rows of the S step tokens
@@ -133,8 +134,9 @@ def medoid(embeddings: torch.Tensor) -> int:
     return int((mean_other >= best - 1e-6).nonzero()[0, 0])
 
 
-def step_length(tokens: Sequence[int], decode: Callable[[Sequence[int]], str], delimiter: str,
-                stop_ids: Collection[int]) -> int | None:
+def step_length(
+    tokens: Sequence[int], decode: Callable[[Sequence[int]], str], delimiter: str, stop_ids: Collection[int]
+) -> int | None:
     """How many leading ``tokens`` make one complete step, or None if the step is unfinished.
 
     A step ends with the token whose text completes the first occurrence of ``delimiter``, or

@@ -41,13 +41,21 @@ def native_accept(
     return u * q_d < p_d  # u < p/q without dividing by a tiny q
 
 
-def next_token(n: int, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-               generator: torch.Generator | None) -> torch.Tensor:
+def next_token(
+    n: int,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """[1]: the correction at rejected position ``n`` (from ``max(0, p - q)``) or, if ``n == K``, the bonus."""
     if n == draft_tokens.shape[0]:
         return torch.multinomial(target_probs[n], 1, generator=generator)
-    q_n = (draft_probs[n] if draft_probs is not None
-           else torch.nn.functional.one_hot(draft_tokens[n], target_probs.shape[-1]).to(target_probs.dtype))
+    q_n = (
+        draft_probs[n]
+        if draft_probs is not None
+        else torch.nn.functional.one_hot(draft_tokens[n], target_probs.shape[-1]).to(target_probs.dtype)
+    )
     residual = torch.clamp(target_probs[n] - q_n, min=0.0)
     total = residual.sum()
     # p == q up to rounding leaves no residual mass; p itself is then the exact distribution.

@@ -69,8 +69,14 @@ class FlyRule:
     ``two-sample`` | ``rejection``); with ``copy_guard`` (:class:`loosespec.verify.fly.PromptCopyGuard`, a labeled
     variant), no deferral where the draft copies the request's prompt."""
 
-    def __init__(self, params: FlyParams, fly_sampling: str, sampling: SamplingParams,
-                 generator: torch.Generator | None, copy_guard: PromptCopyGuard | None = None):
+    def __init__(
+        self,
+        params: FlyParams,
+        fly_sampling: str,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        copy_guard: PromptCopyGuard | None = None,
+    ):
         self.params = params  # the official boundary follows the nominal K even when a round drafts fewer
         self.sampling = sampling
         self.generator = generator
@@ -80,12 +86,19 @@ class FlyRule:
     def __call__(self, draft: Draft, logits: torch.Tensor) -> Verdict:
         p = self.params
         copy = self.copy_guard(draft.tokens).to(logits.device) if self.copy_guard is not None else None
-        kw = dict(theta=p.theta, window_size=p.window_size, top_k=p.top_k, num_draft_tokens=p.num_draft_tokens,
-                  copy=copy, boundary=p.boundary)
+        kw = dict(
+            theta=p.theta,
+            window_size=p.window_size,
+            top_k=p.top_k,
+            num_draft_tokens=p.num_draft_tokens,
+            copy=copy,
+            boundary=p.boundary,
+        )
         if self.variant == "greedy":
             return fly_verify_greedy(draft.tokens, logits, **kw)
         probs = logits_to_probs(logits, self.sampling)
         if self.variant == "two-sample":
             return fly_verify_two_sample(draft.tokens, logits, probs, self.generator, **kw)
-        return fly_verify_rejection(draft.tokens, draft_probs(draft, probs.shape[-1]), logits, probs, self.generator,
-                                    **kw)
+        return fly_verify_rejection(
+            draft.tokens, draft_probs(draft, probs.shape[-1]), logits, probs, self.generator, **kw
+        )

@@ -64,6 +64,9 @@ def check_finite(logits: torch.Tensor, who: str, dtype: torch.dtype | None = Non
     if bool(torch.isfinite(logits).all()):
         return
     name = str(dtype).replace("torch.", "") if dtype is not None else "its dtype"
-    hint = ("float16 overflows in some models' activations: use --dtype bfloat16 (GPUs from Ampere on) or float32"
-            if dtype == torch.float16 else "try --dtype float32")
+    hint = (
+        "float16 overflows in some models' activations: use --dtype bfloat16 (GPUs from Ampere on) or float32"
+        if dtype == torch.float16
+        else "try --dtype float32"
+    )
     raise NonFiniteLogits(f"the {who} model produced non-finite logits (NaN or inf) in {name}; {hint}")

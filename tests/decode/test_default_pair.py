@@ -12,18 +12,21 @@ PROMPTS = [
     "Explain in two sentences what a KV cache is.",
 ]
 
-COPY_PROMPT = ("Add type hints and a docstring to this function and return the whole function:\n\n```python\n"
-               "def longest_common_prefix(strings):\n    if not strings:\n        return ''\n    prefix = strings[0]\n"
-               "    for s in strings[1:]:\n        while not s.startswith(prefix):\n            prefix = prefix[:-1]\n"
-               "            if not prefix:\n                return ''\n    return prefix\n```")
+COPY_PROMPT = (
+    "Add type hints and a docstring to this function and return the whole function:\n\n```python\n"
+    "def longest_common_prefix(strings):\n    if not strings:\n        return ''\n    prefix = strings[0]\n"
+    "    for s in strings[1:]:\n        while not s.startswith(prefix):\n            prefix = prefix[:-1]\n"
+    "            if not prefix:\n                return ''\n    return prefix\n```"
+)
 
 
 @pytest.fixture(scope="module")
 def qwen_engine():
     from loosespec import Engine
 
-    return Engine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", dtype="bfloat16",
-                       device="cpu", progress=False)
+    return Engine.load(
+        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", dtype="bfloat16", device="cpu", progress=False
+    )
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "mla"])
@@ -45,8 +48,14 @@ def test_fly_accepts_more_than_exact(qwen_engine, drafter):
 def qwen_int8():
     from loosespec import Engine
 
-    return Engine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", dtype="auto", quantize="int8",
-                       device="cpu", progress=False)
+    return Engine.load(
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        dtype="auto",
+        quantize="int8",
+        device="cpu",
+        progress=False,
+    )
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "mla"])
@@ -55,6 +64,7 @@ def test_int8_exact_equals_ar(qwen_int8, drafter, adaptive):
     """Lossless stays lossless in int8: per-token activation scales and per-query attention."""
     for p in PROMPTS:
         ar = qwen_int8.generate(p, DecodeConfig.create("ar", max_new_tokens=64))
-        cfg = DecodeConfig.create("exact", drafter, max_new_tokens=64, has_draft_model=True,
-                                  adaptive_draft_length=adaptive)
+        cfg = DecodeConfig.create(
+            "exact", drafter, max_new_tokens=64, has_draft_model=True, adaptive_draft_length=adaptive
+        )
         assert qwen_int8.generate(p, cfg).token_ids == ar.token_ids

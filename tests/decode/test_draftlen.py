@@ -29,8 +29,9 @@ def test_estimate_learns_conditional_acceptance():
     est = trained(0.8)
     assert all(abs(est.rate(i) - 0.8) < 0.1 for i in range(4))
     assert est.expected_tokens(0) == 1.0
-    assert est.expected_tokens(3) == pytest.approx(1 + est.rate(0) + est.rate(0) * est.rate(1)
-                                                   + est.rate(0) * est.rate(1) * est.rate(2))
+    assert est.expected_tokens(3) == pytest.approx(
+        1 + est.rate(0) + est.rate(0) * est.rate(1) + est.rate(0) * est.rate(1) * est.rate(2)
+    )
 
 
 def test_update_counts_only_reached_positions():
@@ -201,8 +202,9 @@ def test_exploration_rounds_are_counted():
         d.feedback(len(draft), 1)  # an exact-looking round: no first miss reported, nothing learnt of the window
     explored = [e for e in events if e.get("rounds_explore")]
     assert 1 <= len(explored) <= 2 and all(e.get("rounds_lookup") for e in explored)
-    assert policy.loose.explored == pytest.approx(sum(0.99 ** (15 - i) for i, e in enumerate(events)
-                                                      if e.get("rounds_explore")))
+    assert policy.loose.explored == pytest.approx(
+        sum(0.99 ** (15 - i) for i, e in enumerate(events) if e.get("rounds_explore"))
+    )
 
 
 def test_levels_sharing_one_loose_estimate_update_it_once_per_round():
@@ -214,13 +216,17 @@ def test_levels_sharing_one_loose_estimate_update_it_once_per_round():
 
     shared = LoosePrices(W, "window", K)
     lm = SimpleNamespace(modelled_s=0.0, ids=torch.empty(0, dtype=torch.long), cost=None)
-    d = CostAwareDrafter([Level("lookup", FakeDrafter("ngram", list(range(K))), DraftLengthPolicy(INT8, 0.0, K, loose=shared)),
-                          Level("model", FakeDrafter("mla", list(range(K)), lm), DraftLengthPolicy(INT8, 0.04, K, loose=shared), lm)])
+    d = CostAwareDrafter(
+        [
+            Level("lookup", FakeDrafter("ngram", list(range(K))), DraftLengthPolicy(INT8, 0.0, K, loose=shared)),
+            Level("model", FakeDrafter("mla", list(range(K)), lm), DraftLengthPolicy(INT8, 0.04, K, loose=shared), lm),
+        ]
+    )
     for _ in range(3):
         draft = d.propose(torch.tensor([1, 2, 3]), K)
         d.feedback(len(draft), 1, FirstMiss(1, True, True, False))
-    assert shared.gate[1] == pytest.approx(1 + 0.99 + 0.99 ** 2)  # three observations, decayed once per round
-    assert shared.kept == [0.0, pytest.approx(1 + 0.99 + 0.99 ** 2)]
+    assert shared.gate[1] == pytest.approx(1 + 0.99 + 0.99**2)  # three observations, decayed once per round
+    assert shared.kept == [0.0, pytest.approx(1 + 0.99 + 0.99**2)]
 
 
 # --- end to end on the tiny pair, curves injected so the test does not depend on this machine's speed ---
@@ -265,6 +271,7 @@ class FakeDrafter:
         if self.lm is not None:
             self.lm.modelled_s += self.cost * min(k, len(self.tokens))
         from loosespec.drafters.base import Draft
+
         return Draft(torch.tensor(self.tokens[:k], dtype=torch.long))
 
 
@@ -276,8 +283,12 @@ def test_levels_pick_free_lookup_over_the_draft_model_and_learn_per_level():
     lm = SimpleNamespace(modelled_s=0.0)
     lookup = FakeDrafter("ngram", list(range(8)))
     model = FakeDrafter("mla", list(range(15)), lm, cost_per_token=0.04)
-    d = CostAwareDrafter([Level("lookup", lookup, DraftLengthPolicy(INT8, 0.0, K)),
-                          Level("model", model, DraftLengthPolicy(INT8, 0.04, K), lm)])
+    d = CostAwareDrafter(
+        [
+            Level("lookup", lookup, DraftLengthPolicy(INT8, 0.0, K)),
+            Level("model", model, DraftLengthPolicy(INT8, 0.04, K), lm),
+        ]
+    )
     draft = d.propose(torch.tensor([1, 2, 3]), K)
     assert draft.events == {"rounds_lookup": 1} and len(draft) == draft.chosen > 0
     assert model.calls == 0  # the costly level never ran

@@ -17,8 +17,9 @@ def run(engine, method, drafter=None, **kw):
     # these tests check drafting and verification mechanics: K tokens every round unless a test asks for
     # the cost-aware draft length (its own tests: tests/decode/test_draftlen.py)
     kw.setdefault("adaptive_draft_length", False)
-    cfg = DecodeConfig.create(method, drafter, has_draft_model=engine.draft is not None,
-                              max_new_tokens=kw.pop("max_new_tokens", 60), **kw)
+    cfg = DecodeConfig.create(
+        method, drafter, has_draft_model=engine.draft is not None, max_new_tokens=kw.pop("max_new_tokens", 60), **kw
+    )
     return engine.generate(PROMPT, cfg, raw=True)
 
 
@@ -91,8 +92,13 @@ def test_stops_at_end_token(tiny_engine, ar_ids):
     for drafter in ("ngram", "mla"):
         drafter_obj, rule, _ = tiny_engine.build(DecodeConfig.create("exact", drafter, has_draft_model=True))
         prompt = tiny_engine.stream(PROMPT, DecodeConfig.create("ar"), raw=True).prompt_ids
-        out = [t for chunk in decode(CachedLM(tiny_engine.target.model), drafter_obj, rule, prompt, 60, 10,
-                                     {stop_tok}, Stats()) for t in chunk]
+        out = [
+            t
+            for chunk in decode(
+                CachedLM(tiny_engine.target.model), drafter_obj, rule, prompt, 60, 10, {stop_tok}, Stats()
+            )
+            for t in chunk
+        ]
         assert out == ar_ids[: first + 1]
 
 
@@ -147,8 +153,9 @@ def test_json_config_reproduces(tiny_engine):
     c = r.config
     assert c["method"] == "exact" and c["drafter"] == "mla" and c["num_draft_tokens"] == 15
     assert c["lossy"] is False and c["target"]["spec"] == "tiny-target" and c["draft"]["spec"] == "tiny-draft"
-    cfg = DecodeConfig(**{k: (tuple(v) if k == "stop" else v) for k, v in c.items()
-                          if k in DecodeConfig.__dataclass_fields__})
+    cfg = DecodeConfig(
+        **{k: (tuple(v) if k == "stop" else v) for k, v in c.items() if k in DecodeConfig.__dataclass_fields__}
+    )
     assert tiny_engine.generate(PROMPT, cfg, raw=True).token_ids == r.token_ids
 
 
@@ -173,13 +180,17 @@ def test_stop_string_cut_counts_only_committed_rounds(tiny_engine):
     from loosespec.config import DecodeConfig
 
     prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
-    free = tiny_engine.generate(prompt, DecodeConfig.create("exact", "ngram", max_new_tokens=60,
-                                                            adaptive_draft_length=False), raw=True)
+    free = tiny_engine.generate(
+        prompt, DecodeConfig.create("exact", "ngram", max_new_tokens=60, adaptive_draft_length=False), raw=True
+    )
     text = free.text
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip(), text
-    r = tiny_engine.generate(prompt, DecodeConfig.create("exact", "ngram", max_new_tokens=60, stop=[stop],
-                                                         adaptive_draft_length=False), raw=True)
+    r = tiny_engine.generate(
+        prompt,
+        DecodeConfig.create("exact", "ngram", max_new_tokens=60, stop=[stop], adaptive_draft_length=False),
+        raw=True,
+    )
     assert len(r.token_ids) < len(free.token_ids)
     assert sum(r.stats.round_lengths) == len(r.token_ids) == r.stats.new_tokens
     assert r.stats.accepted_tokens == sum(rec[1] for rec in r.stats.round_records)
@@ -224,8 +235,13 @@ class _NanLM:
 def test_non_finite_target_logits_are_a_clear_error(tiny_engine, method, temperature):
     from loosespec.errors import NonFiniteLogits
 
-    cfg = DecodeConfig.create(method, "ngram" if method != "ar" else None, max_new_tokens=20,
-                              temperature=temperature, adaptive_draft_length=False)
+    cfg = DecodeConfig.create(
+        method,
+        "ngram" if method != "ar" else None,
+        max_new_tokens=20,
+        temperature=temperature,
+        adaptive_draft_length=False,
+    )
     drafter, rule, _ = tiny_engine.build(cfg)
     ids = tiny_engine.stream(PROMPT, cfg, raw=True).prompt_ids
     target = _NanLM(CachedLM(tiny_engine.target.model), after=2)
@@ -243,7 +259,8 @@ def test_non_finite_draft_logits_are_a_clear_error(tiny_engine, temperature):
     with pytest.raises(NonFiniteLogits, match="draft model"):
         drafter.propose(ids, 4)
     if temperature:
-        mla = MlaDrafter(_NanLM(CachedLM(tiny_engine.draft.model)), SamplingParams(temperature),
-                         torch.Generator().manual_seed(0))
+        mla = MlaDrafter(
+            _NanLM(CachedLM(tiny_engine.draft.model)), SamplingParams(temperature), torch.Generator().manual_seed(0)
+        )
         with pytest.raises(NonFiniteLogits, match="draft model"):
             mla.propose(ids, 4)

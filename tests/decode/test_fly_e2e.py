@@ -15,15 +15,22 @@ CLOSED = math.log(3) + 0.01  # above the largest top-3 entropy: no mismatch is e
 def test_closed_gate_equals_exact_tiny(tiny_engine, drafter):
     kw = dict(max_new_tokens=60, num_draft_tokens=15, has_draft_model=True, adaptive_draft_length=False)
     exact = tiny_engine.generate(PROMPT, DecodeConfig.create("exact", drafter, **kw), raw=True)
-    fly = tiny_engine.generate(PROMPT, DecodeConfig.create("fly", drafter, fly_entropy_threshold=CLOSED, **kw), raw=True)
+    fly = tiny_engine.generate(
+        PROMPT, DecodeConfig.create("fly", drafter, fly_entropy_threshold=CLOSED, **kw), raw=True
+    )
     assert fly.token_ids == exact.token_ids
     assert fly.stats.events["fly_deferred"] == 0
     assert fly.stats.events["fly_prefix_mismatches"] == fly.stats.events["fly_hard_rejects"] > 0
 
 
 def test_loose_rule_accepts_more_tiny(tiny_engine):
-    kw = dict(max_new_tokens=80, num_draft_tokens=15, has_draft_model=True, draft_confidence_threshold=0.0,
-              adaptive_draft_length=False)
+    kw = dict(
+        max_new_tokens=80,
+        num_draft_tokens=15,
+        has_draft_model=True,
+        draft_confidence_threshold=0.0,
+        adaptive_draft_length=False,
+    )
     exact = tiny_engine.generate(PROMPT, DecodeConfig.create("exact", "model", **kw), raw=True)
     fly = tiny_engine.generate(PROMPT, DecodeConfig.create("fly", "model", fly_window_size=2, **kw), raw=True)
     assert fly.stats.events["fly_deferred"] > 0
@@ -61,8 +68,22 @@ def test_closed_gate_equals_exact_smollm(smol_engine, drafter):
 def test_cli_fly_json(tiny_dir):
     from test_cli import cli
 
-    p = cli("generate", "--json", "--raw", "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"),
-            "--method", "fly", "--fly-window-size", "4", "--max-new-tokens", "12", "abc")
+    p = cli(
+        "generate",
+        "--json",
+        "--raw",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "draft"),
+        "--method",
+        "fly",
+        "--fly-window-size",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "abc",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["config"]["lossy"] is True and out["config"]["fly_window_size"] == 4
@@ -74,30 +95,47 @@ def test_fly_model_drafts_the_full_k_without_the_confidence_stop(tiny_engine):
     model drafter's confidence threshold would shrink the boundary every round. FLy turns that stop off."""
     from loosespec.config import DecodeConfig
 
-    fly = DecodeConfig.create("fly", "model", has_draft_model=True, adaptive_draft_length=False,
-                              draft_confidence_threshold=0.99)
-    exact = DecodeConfig.create("exact", "model", has_draft_model=True, adaptive_draft_length=False,
-                                draft_confidence_threshold=0.99)
+    fly = DecodeConfig.create(
+        "fly", "model", has_draft_model=True, adaptive_draft_length=False, draft_confidence_threshold=0.99
+    )
+    exact = DecodeConfig.create(
+        "exact", "model", has_draft_model=True, adaptive_draft_length=False, draft_confidence_threshold=0.99
+    )
     assert tiny_engine.build(fly)[0].confidence_threshold == 0.0
     assert tiny_engine.build(exact)[0].confidence_threshold == 0.99
-    r = tiny_engine.generate("Once upon a time", DecodeConfig.create("fly", "model", has_draft_model=True,
-                                                                      adaptive_draft_length=False,
-                                                                      draft_confidence_threshold=0.99,
-                                                                      max_new_tokens=40), raw=True)
+    r = tiny_engine.generate(
+        "Once upon a time",
+        DecodeConfig.create(
+            "fly",
+            "model",
+            has_draft_model=True,
+            adaptive_draft_length=False,
+            draft_confidence_threshold=0.99,
+            max_new_tokens=40,
+        ),
+        raw=True,
+    )
     # every round drafted what it asked for: K, or the budget's rest near the end (k = min(K, left - 1))
     assert all(drafted == choice for drafted, _, _, choice in r.stats.round_records), r.stats.round_records
     assert max(r.stats.draft_lengths) == fly.num_draft_tokens
-
 
 
 def test_copy_guard_tiny(tiny_engine):
     """FLy's copy guard (a labeled LOSSY variant, off by default) end to end. On the tiny pair, a guard of one
     token (the kept draft token occurs in the prompt) refuses deferrals and counts them; a guard of three
     tokens finds no draft copying the prompt and leaves the paper's output as it was. The config records it."""
-    kw = dict(max_new_tokens=60, num_draft_tokens=15, has_draft_model=True, adaptive_draft_length=False,
-              fly_window_size=2, fly_entropy_threshold=0.0)
-    paper, one, three = (tiny_engine.generate(PROMPT, DecodeConfig.create("fly", "model", fly_copy_guard=n, **kw),
-                                              raw=True) for n in (0, 1, 3))
+    kw = dict(
+        max_new_tokens=60,
+        num_draft_tokens=15,
+        has_draft_model=True,
+        adaptive_draft_length=False,
+        fly_window_size=2,
+        fly_entropy_threshold=0.0,
+    )
+    paper, one, three = (
+        tiny_engine.generate(PROMPT, DecodeConfig.create("fly", "model", fly_copy_guard=n, **kw), raw=True)
+        for n in (0, 1, 3)
+    )
     assert paper.stats.events["fly_deferred"] > 0 and "fly_copy_rejects" not in paper.stats.events
     assert one.stats.events["fly_copy_rejects"] > 0 and one.token_ids != paper.token_ids
     assert three.stats.events["fly_copy_rejects"] == 0 and three.token_ids == paper.token_ids

@@ -59,8 +59,9 @@ class FakeContext:
 class FakeLM(GgufLM):
     def _open(self, model, n_ctx):
         n = gguf.N_BATCH
-        batch = SimpleNamespace(n_tokens=0, token=[0] * n, pos=[0] * n, seq_id=[[0] for _ in range(n)],
-                                n_seq_id=[0] * n, logits=[False] * n)
+        batch = SimpleNamespace(
+            n_tokens=0, token=[0] * n, pos=[0] * n, seq_id=[[0] for _ in range(n)], n_seq_id=[0] * n, logits=[False] * n
+        )
         return FakeContext(), SimpleNamespace(batch=batch), V, n_ctx
 
 
@@ -135,13 +136,18 @@ def test_an_int4_draft_leaves_exact_equal_to_ar():
     The draft's rounding changes what it proposes, never what the target accepts."""
     from loosespec import DecodeConfig, Engine
 
-    eng = Engine.load("smollm2-135m-instruct", draft="smollm2-135m-instruct", quantize="int8", draft_quantize="int4",
-                      progress=False)
+    eng = Engine.load(
+        "smollm2-135m-instruct", draft="smollm2-135m-instruct", quantize="int8", draft_quantize="int4", progress=False
+    )
     assert (eng.target.precision.name, eng.draft.precision.name) == ("int8", "int4")
     prompt = "Repeat this sentence three times: the cache holds the ids it was computed on, and no others."
     ar = eng.generate(prompt, DecodeConfig.create("ar", max_new_tokens=64))
-    ex = eng.generate(prompt, DecodeConfig.create("exact", drafter="model", num_draft_tokens=8, max_new_tokens=64,
-                                                  adaptive_draft_length=False))  # every round drafts and verifies
+    ex = eng.generate(
+        prompt,
+        DecodeConfig.create(
+            "exact", drafter="model", num_draft_tokens=8, max_new_tokens=64, adaptive_draft_length=False
+        ),
+    )  # every round drafts and verifies
     assert ex.token_ids == ar.token_ids
     assert ex.stats.draft_forwards > 0 and ex.stats.accepted_tokens > 0
     assert ex.config["draft_precision"]["name"] == "int4"
@@ -155,7 +161,10 @@ def test_an_int4_target_decodes_and_says_so():
 
     eng = Engine.load("smollm2-135m-instruct", draft=None, quantize="int4", progress=False)
     assert eng.precision == "int4"
-    r = eng.generate("Count from one to twenty in words.",
-                     DecodeConfig.create("exact", drafter="ngram", num_draft_tokens=8, max_new_tokens=48,
-                                         adaptive_draft_length=False))
+    r = eng.generate(
+        "Count from one to twenty in words.",
+        DecodeConfig.create(
+            "exact", drafter="ngram", num_draft_tokens=8, max_new_tokens=48, adaptive_draft_length=False
+        ),
+    )
     assert len(r.token_ids) > 0 and r.stats.precision == "int4" and r.stats.target_forwards <= r.stats.rounds + 1

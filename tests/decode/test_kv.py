@@ -18,10 +18,21 @@ def tiny_gemma3(seed: int = 1):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
-    cfg = Gemma3TextConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
-                           layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                           max_position_embeddings=1024, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    cfg = Gemma3TextConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     model = Gemma3ForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)  # well separated greedy choices (conftest.make_tiny_model), drafts rejected
@@ -93,14 +104,15 @@ def gemma_engine(gemma):
     return Engine(loaded(gemma, "tiny-gemma3"), loaded(perturbed_copy(gemma, 0.1, seed=1), "tiny-gemma3-draft"))
 
 
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"  # 64 tokens: 8 windows
+PROMPT = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"  # 64 tokens: 8 windows
+)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "mla"])
 def test_exact_equals_ar_on_a_sliding_window_model(gemma_engine, drafter):
     def run(method, drafter=None):
-        cfg = DecodeConfig.create(method, drafter, has_draft_model=True, max_new_tokens=40,
-                                  adaptive_draft_length=False)
+        cfg = DecodeConfig.create(method, drafter, has_draft_model=True, max_new_tokens=40, adaptive_draft_length=False)
         return gemma_engine.generate(PROMPT, cfg, raw=True)
 
     ar = run("ar")
@@ -116,9 +128,19 @@ def tiny_lfm2():
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Lfm2Config(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1], max_position_embeddings=1024,
-                     bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    cfg = Lfm2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        full_attn_idxs=[1],
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     return Lfm2ForCausalLM(cfg).eval()
 
 
@@ -131,7 +153,9 @@ def test_a_cache_that_cannot_roll_back_is_refused_up_front():
     e = Engine(LoadedModel(ModelSource("tiny-lfm2", "local", "tiny-lfm2", "local"), model, make_tiny_tokenizer()))
     for method, temperature in (("exact", 0.0), ("rejection", 1.0)):
         with pytest.raises(LoosespecError, match="cannot run on 'tiny-lfm2'.*LinearAttentionLayer.*method 'ar' can"):
-            e.generate(PROMPT, DecodeConfig.create(method, "ngram", temperature=temperature, max_new_tokens=8), raw=True)
+            e.generate(
+                PROMPT, DecodeConfig.create(method, "ngram", temperature=temperature, max_new_tokens=8), raw=True
+            )
     assert len(e.generate(PROMPT, DecodeConfig.create("ar", max_new_tokens=8), raw=True).token_ids) == 8
     # the rollback site itself refuses too, with the same reason, rather than corrupting the state
     lm = CachedLM(model)
@@ -150,14 +174,17 @@ def long_prompt(lines: int = 60) -> str:
     """Numbered instructions (about 17 Gemma tokens a line): what repeats gives the n-gram lookup matches, the
     numbers and letters that change make it miss."""
     shelves = "ABCDE"
-    return "".join(f"Step {i}: move box {i % 7} from shelf {shelves[i % 5]} to shelf {shelves[(3 * i + 1) % 5]}.\n"
-                   for i in range(1, lines + 1))
+    return "".join(
+        f"Step {i}: move box {i % 7} from shelf {shelves[i % 5]} to shelf {shelves[(3 * i + 1) % 5]}.\n"
+        for i in range(1, lines + 1)
+    )
 
 
 @pytest.mark.real_model
 @pytest.mark.slow  # make test rolls back past a window on a random Gemma 3 (test_exact_equals_ar_on_a_sliding_window_model)
-@pytest.mark.skipif(not ready("gemma-3-270m"), reason="gemma-3-270m not prepared: loosespec models pull gemma-3-270m "
-                                                     "(make test does)")
+@pytest.mark.skipif(
+    not ready("gemma-3-270m"), reason="gemma-3-270m not prepared: loosespec models pull gemma-3-270m (make test does)"
+)
 def test_gemma3_rolls_back_past_its_sliding_window():
     """The embedded Gemma 3 270M (sliding window of 512 on 15 of its 18 layers) on a prompt of about 1,000 tokens:
     before the fix the first rejected draft ended in transformers' RuntimeError ("crop was called, but the current

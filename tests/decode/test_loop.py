@@ -43,8 +43,11 @@ class Quiet(Drafter):
 def run(engine, drafter, k=4, new=20):
     stats = Stats(prompt_tokens=3)
     ids = torch.tensor([66, 67, 68])
-    out = [t for chunk in decode(CachedLM(engine.target.model), drafter, GreedyRule(), ids, new, k, (), stats)
-           for t in chunk]
+    out = [
+        t
+        for chunk in decode(CachedLM(engine.target.model), drafter, GreedyRule(), ids, new, k, (), stats)
+        for t in chunk
+    ]
     return out, stats
 
 
@@ -72,7 +75,11 @@ def test_the_loop_looks_for_no_undeclared_drafter_attribute():
     """getattr/hasattr on the drafter was how the loop used to find last_choice, feedback and round_events."""
     for path in (LOOSESPEC / "decode").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+            ):
                 target = ast.unparse(node.args[0])
                 assert "drafter" not in target, f"{path.name}:{node.lineno}: {ast.unparse(node)}"
 

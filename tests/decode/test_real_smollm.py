@@ -18,8 +18,9 @@ def test_exact_equals_ar_greedy(smol_engine, prompt):
     for drafter in ("ngram", "mla"):
         # K every round: the cost-aware length drafts nothing where this CPU's measured verify curve is steep
         # (SmolLM2 in float32 on a 2-core AMD EPYC), and this test is about the mechanism, not whether it pays
-        r = smol_engine.generate(prompt, DecodeConfig.create("exact", drafter, max_new_tokens=48,
-                                                             adaptive_draft_length=False))
+        r = smol_engine.generate(
+            prompt, DecodeConfig.create("exact", drafter, max_new_tokens=48, adaptive_draft_length=False)
+        )
         assert r.token_ids == ar.token_ids, drafter
         assert r.stats.rounds < ar.stats.rounds or drafter == "ngram"
 
@@ -27,8 +28,14 @@ def test_exact_equals_ar_greedy(smol_engine, prompt):
 def test_self_draft_accepts_every_token(smol_engine):
     # the mechanics of self-drafting: K every round (a draft as costly as the target never pays, so the
     # cost-aware length would not draft at all)
-    cfg = DecodeConfig.create("exact", "model", num_draft_tokens=6, max_new_tokens=40, draft_confidence_threshold=0.0,
-                              adaptive_draft_length=False)
+    cfg = DecodeConfig.create(
+        "exact",
+        "model",
+        num_draft_tokens=6,
+        max_new_tokens=40,
+        draft_confidence_threshold=0.0,
+        adaptive_draft_length=False,
+    )
     r = smol_engine.generate(PROMPTS[0], cfg)
     assert r.stats.drafted_tokens >= 30
     assert r.stats.accepted_tokens == r.stats.drafted_tokens

@@ -61,9 +61,18 @@ def tiny_model(vocab: int, seed: int, scale: float):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0,
-                      eos_token_id=1, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
@@ -97,8 +106,10 @@ def same_vocab(target):
 @pytest.fixture(scope="module")
 def cross_vocab(target):
     """The same target and a draft of another vocabulary: token-level intersection (TLI) drafting."""
-    return Engine(loaded(target, tiny_tokenizer(TARGET_CHARS), "target"),
-                  loaded(tiny_model(len(DRAFT_CHARS) + 2, seed=2, scale=12.0), tiny_tokenizer(DRAFT_CHARS), "draft"))
+    return Engine(
+        loaded(target, tiny_tokenizer(TARGET_CHARS), "target"),
+        loaded(tiny_model(len(DRAFT_CHARS) + 2, seed=2, scale=12.0), tiny_tokenizer(DRAFT_CHARS), "draft"),
+    )
 
 
 def prompt_ids(engine) -> torch.Tensor:
@@ -141,11 +152,14 @@ def sample_joint(engine, cfg: DecodeConfig, monkeypatch, wrap_drafter=None) -> t
     engine.target_lm.reset()
     engine.draft_lm.reset()
     ids, v = prompt_ids(engine), int(engine.target.model.config.vocab_size)
-    counts = torch.zeros(v ** NEW)
+    counts = torch.zeros(v**NEW)
     stats = Stats()
     for _ in range(N):
-        out = [t for chunk in decode(engine.target_lm, drafter, rule, ids, NEW, cfg.num_draft_tokens, (), stats)
-               for t in chunk]
+        out = [
+            t
+            for chunk in decode(engine.target_lm, drafter, rule, ids, NEW, cfg.num_draft_tokens, (), stats)
+            for t in chunk
+        ]
         assert len(out) == NEW
         counts[(out[0] * v + out[1]) * v + out[2]] += 1
     # drafts of two tokens, and a one-token draft after a first-position rejection, both accepted and rejected
@@ -177,8 +191,16 @@ DRAFTERS = {"ngram": "NgramDrafter", "model": "ModelDrafter", "mla": "MlaDrafter
 
 def config(drafter: str, temperature: float = 1.0, **kw) -> DecodeConfig:
     # K tokens every round (no cost-aware length: its forward-cost measurement is beside the point here)
-    return DecodeConfig.create("rejection", drafter, has_draft_model=True, temperature=temperature,
-                               max_new_tokens=NEW, adaptive_draft_length=False, seed=kw.pop("seed", 0), **kw)
+    return DecodeConfig.create(
+        "rejection",
+        drafter,
+        has_draft_model=True,
+        temperature=temperature,
+        max_new_tokens=NEW,
+        adaptive_draft_length=False,
+        seed=kw.pop("seed", 0),
+        **kw,
+    )
 
 
 CASES = {  # name: (engine fixture, drafter, sampling knobs)
@@ -233,7 +255,7 @@ class PerturbedQ(Drafter):
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         d = self.inner.propose(seq, k)
         assert d.probs is not None  # a drafter that samples reports its q
-        q = d.probs ** 0.7
+        q = d.probs**0.7
         return Draft(d.tokens, q / q.sum(-1, keepdim=True), d.draft_units)
 
 
@@ -246,8 +268,9 @@ CONTROLS = {  # name: (fault, case)
 }
 
 
-@pytest.mark.parametrize("control", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CONTROLS else c
-                                     for c in CONTROLS])
+@pytest.mark.parametrize(
+    "control", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CONTROLS else c for c in CONTROLS]
+)
 def test_the_distribution_test_detects_a_fault(control, request, monkeypatch):
     fault, case = CONTROLS[control]
     fixture, drafter, knobs = CASES[case]

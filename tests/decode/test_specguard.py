@@ -21,8 +21,9 @@ from loosespec.verify.grounding import (
 )
 
 # one layer, two heads; head mean = [[1, 0, 0], [0.995, 0.005, 0], [0.3, 0.3, 0.4]]
-HEADS = torch.tensor([[[1.0, 0.0, 0.0], [0.99, 0.01, 0.0], [0.6, 0.0, 0.4]],
-                      [[1.0, 0.0, 0.0], [1.00, 0.00, 0.0], [0.0, 0.6, 0.4]]])
+HEADS = torch.tensor(
+    [[[1.0, 0.0, 0.0], [0.99, 0.01, 0.0], [0.6, 0.0, 0.4]], [[1.0, 0.0, 0.0], [1.00, 0.00, 0.0], [0.0, 0.6, 0.4]]]
+)
 
 
 def test_rollout_one_layer_sparsifies_adds_identity_and_normalises():
@@ -95,14 +96,17 @@ def _decode(ids):
     return "".join(PIECES[i] for i in ids)
 
 
-@pytest.mark.parametrize("tokens, expected", [
-    ([1, 2, 3, 4, 5], 4),  # the delimiter spans two tokens: the step ends with the second
-    ([1, 2, 3], None),  # unfinished
-    ([1, 2, 7, 5], 3),  # an end token ends the step, delimiter or not
-    ([5, 6, 1], 2),  # the delimiter inside a token: the step ends with that token
-    ([4, 4, 1], 2),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [
+        ([1, 2, 3, 4, 5], 4),  # the delimiter spans two tokens: the step ends with the second
+        ([1, 2, 3], None),  # unfinished
+        ([1, 2, 7, 5], 3),  # an end token ends the step, delimiter or not
+        ([5, 6, 1], 2),  # the delimiter inside a token: the step ends with that token
+        ([4, 4, 1], 2),
+        ([], None),
+    ],
+)
 def test_step_length(tokens, expected):
     assert step_length(tokens, _decode, "\n\n", stop_ids={7}) == expected
 
@@ -133,8 +137,8 @@ def test_candidate_embedding_is_over_its_own_tokens(tiny_engine):
     full = torch.cat([seq, torch.tensor(c.tokens)])
     with torch.no_grad():
         states = lm.model(full[None], output_hidden_states=True).hidden_states[-1][0].float()  # [L, D]
-    own = states[-len(c.tokens):].mean(0)
-    producing = states[len(seq) - 1: -1].mean(0)  # what the embedder used to average
+    own = states[-len(c.tokens) :].mean(0)
+    producing = states[len(seq) - 1 : -1].mean(0)  # what the embedder used to average
     assert torch.allclose(c.hidden, own, atol=1e-4)
     assert not torch.allclose(c.hidden, producing, atol=1e-4)
 
@@ -158,9 +162,17 @@ def test_candidate_first_drafts_the_candidate_until_the_target_diverges():
 
 
 def test_config_validation():
-    for bad in (dict(sg_candidates=0), dict(sg_temperature=0.0), dict(sg_beta=1.5), dict(sg_tau=-0.1),
-                dict(sg_delimiter=""), dict(sg_embedder="bert"), dict(sg_on_reject="skip"), dict(sg_verify="loose"),
-                dict(sg_max_step_tokens=0)):
+    for bad in (
+        dict(sg_candidates=0),
+        dict(sg_temperature=0.0),
+        dict(sg_beta=1.5),
+        dict(sg_tau=-0.1),
+        dict(sg_delimiter=""),
+        dict(sg_embedder="bert"),
+        dict(sg_on_reject="skip"),
+        dict(sg_verify="loose"),
+        dict(sg_max_step_tokens=0),
+    ):
         with pytest.raises(LoosespecError):
             DecodeConfig.create("specguard", "ngram", **bad)
     cfg = DecodeConfig.create("specguard", has_draft_model=True)
@@ -176,8 +188,10 @@ def test_specguard_needs_a_draft_model(smol_engine):
 
 # --- end to end on SmolLM2-135M (float32, the same weights as draft and target) ---------------
 
-QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-            "How many clips did Natalia sell altogether in April and May?")
+QUESTION = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?"
+)
 SG = dict(max_new_tokens=24, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
 
 
@@ -201,15 +215,20 @@ def test_tau_zero_accepts_every_draft_step(smol_engine):
     assert_counts_only_committed(r)
 
 
-@pytest.mark.parametrize("on_reject, drafter", [
-    ("regenerate", "ngram"),
-    # draft-assisted at tau above 1 equals ar in make test across tokenizers (test_bridge); these: make test-full
-    pytest.param("draft-assisted", "ngram", marks=pytest.mark.slow),
-    pytest.param("draft-assisted", "mla", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "on_reject, drafter",
+    [
+        ("regenerate", "ngram"),
+        # draft-assisted at tau above 1 equals ar in make test across tokenizers (test_bridge); these: make test-full
+        pytest.param("draft-assisted", "ngram", marks=pytest.mark.slow),
+        pytest.param("draft-assisted", "mla", marks=pytest.mark.slow),
+    ],
+)
 def test_tau_above_one_gives_the_targets_greedy_output(smol_engine, on_reject, drafter):
     ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=SG["max_new_tokens"]))
-    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", drafter, sg_tau=1.01, sg_on_reject=on_reject,
-                                                           **SG))
+    r = smol_engine.generate(
+        QUESTION, DecodeConfig.create("specguard", drafter, sg_tau=1.01, sg_on_reject=on_reject, **SG)
+    )
     s = r.stats.to_dict()
     assert r.token_ids == ar.token_ids
     assert s["steps"] >= 2 and s["accepted_steps"] == 0 and s["target_steps"] == s["steps"]
@@ -238,9 +257,29 @@ def assert_counts_only_committed(r):
 def test_cli_specguard_json_and_help(tmp_path):
     from conftest import run_cli
 
-    out = run_cli("generate", "--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct", "--method",
-                  "specguard", "--drafter", "ngram", "--dtype", "float32", "--sg-tau", "0", "--sg-delimiter", "\\n",
-                  "--max-new-tokens", "12", "--sg-candidates", "2", "--json", QUESTION)
+    out = run_cli(
+        "generate",
+        "--target",
+        "smollm2-135m-instruct",
+        "--draft",
+        "smollm2-135m-instruct",
+        "--method",
+        "specguard",
+        "--drafter",
+        "ngram",
+        "--dtype",
+        "float32",
+        "--sg-tau",
+        "0",
+        "--sg-delimiter",
+        "\\n",
+        "--max-new-tokens",
+        "12",
+        "--sg-candidates",
+        "2",
+        "--json",
+        QUESTION,
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["config"]["lossy"] is True and d["config"]["sg_delimiter"] == "\n" and d["config"]["sg_candidates"] == 2
@@ -248,7 +287,9 @@ def test_cli_specguard_json_and_help(tmp_path):
         assert key in d["stats"]
     h = run_cli("generate", "--help", env={"COLUMNS": "200"})
     assert "specguard" in h.stdout and "LOSSY" in h.stdout and "--sg-on-reject" in h.stdout
-    bad = run_cli("generate", "--target", "smollm2-135m-instruct", "--method", "specguard", "--sg-embedder", "bert", "x")
+    bad = run_cli(
+        "generate", "--target", "smollm2-135m-instruct", "--method", "specguard", "--sg-embedder", "bert", "x"
+    )
     assert bad.returncode == 2 and "--sg-embedder must be one of" in bad.stderr
 
 
@@ -256,16 +297,24 @@ def test_sentence_transformer_embedder_picks_the_consensus_text():
     from loosespec.decode.steps import SentenceEmbedder
 
     embed = SentenceEmbedder(torch.device("cpu"))
-    texts = ["She has 16 eggs and eats 3, so 13 are left.", "The capital of France is Paris.",
-             "16 eggs minus the 3 she eats leaves 13 eggs.", "After eating 3 of her 16 eggs she has 13."]
+    texts = [
+        "She has 16 eggs and eats 3, so 13 are left.",
+        "The capital of France is Paris.",
+        "16 eggs minus the 3 she eats leaves 13 eggs.",
+        "After eating 3 of her 16 eggs she has 13.",
+    ]
     e = embed([], texts)
     assert e.shape == (4, 384)
     assert medoid(e) in (0, 2, 3) and medoid(e[[1, 0, 2, 3]]) != 0  # never the off-topic sentence
 
 
 def test_sentence_transformer_in_the_step_loop(smol_engine):
-    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_embedder="sentence-transformer",
-                                                           sg_candidates=3, **SG))
+    r = smol_engine.generate(
+        QUESTION,
+        DecodeConfig.create(
+            "specguard", "ngram", sg_tau=0.0, sg_embedder="sentence-transformer", sg_candidates=3, **SG
+        ),
+    )
     assert r.stats.to_dict()["accepted_steps"] >= 2 and r.config["sg_embedder"] == "sentence-transformer"
 
 
@@ -284,10 +333,20 @@ def test_attention_selection_picks_the_candidate_looking_where_the_others_look(t
     real = steps.attention_profile
     monkeypatch.setattr(steps, "attention_profile", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(steps.DraftEmbedder, "__call__", lambda *a: pytest.fail("the embedder must not run"))
-    r = tiny_engine.generate("def f(x):\n", DecodeConfig.create("specguard", "ngram", sg_tau=0.0, sg_select="attention",
-                                                                 max_new_tokens=24, sg_delimiter="\n",
-                                                                 sg_max_step_tokens=8, has_draft_model=True),
-                             raw=True)
+    r = tiny_engine.generate(
+        "def f(x):\n",
+        DecodeConfig.create(
+            "specguard",
+            "ngram",
+            sg_tau=0.0,
+            sg_select="attention",
+            max_new_tokens=24,
+            sg_delimiter="\n",
+            sg_max_step_tokens=8,
+            has_draft_model=True,
+        ),
+        raw=True,
+    )
     assert r.stats.steps and r.stats.candidates_drafted == 4 * len(r.stats.steps)
     assert len(calls) == 4 * len(r.stats.steps)  # one profile per candidate, every step
 
@@ -327,8 +386,8 @@ def test_grounding_keeps_only_the_last_layers_maps_with_identical_values(layers,
     assert not any(k.get("output_attentions") for k in seen)  # no layer returned maps but the hooked ones
     assert len(new) == min(layers, ROLLOUT_LAYERS) == len(old)
     for a, b in zip(new, old):
-        assert torch.equal(a[0, :, -len(step):], b[0, :, -len(step):])
-    g_old = grounding_from_step_rows([a[0, :, -len(step):] for a in old], len(seq))
+        assert torch.equal(a[0, :, -len(step) :], b[0, :, -len(step) :])
+    g_old = grounding_from_step_rows([a[0, :, -len(step) :] for a in old], len(seq))
 
     def warm():
         lm = CachedLM(model)
@@ -338,7 +397,7 @@ def test_grounding_keeps_only_the_last_layers_maps_with_identical_values(layers,
     assert grounding(warm(), seq, step) == g_old
     assert model.config._attn_implementation == "sdpa"  # restored after the eager block
     p = attention_profile(warm(), seq, step)
-    rows = torch.stack([a[0, :, -len(step):, :len(seq)].float().mean(dim=(0, 1)) for a in old]).mean(dim=0)
+    rows = torch.stack([a[0, :, -len(step) :, : len(seq)].float().mean(dim=(0, 1)) for a in old]).mean(dim=0)
     assert torch.equal(p, rows / rows.sum().clamp_min(1e-12))
 
 
@@ -354,4 +413,5 @@ def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
     full = torch.cat([seq, torch.tensor(step)])
     old = _old_attentions(CachedLM(model), full, len(step), ROLLOUT_LAYERS)
     assert grounding(CachedLM(model), seq, step) == grounding_from_step_rows(
-        [a[0, :, -len(step):] for a in old], len(seq))
+        [a[0, :, -len(step) :] for a in old], len(seq)
+    )

@@ -12,24 +12,39 @@ from loosespec.decode.kv import CachedLM, StaticCachedLM
 from loosespec.errors import LoosespecError
 from tests.conftest import make_tiny_model
 
-CONFIGS = [("ar", None, 0.0), ("exact", "ngram", 0.0), ("exact", "model", 0.0), ("exact", "mla", 0.0),
-           ("fly", "mla", 0.0), ("rejection", "mla", 0.7), ("fly", "model", 0.7)]
+CONFIGS = [
+    ("ar", None, 0.0),
+    ("exact", "ngram", 0.0),
+    ("exact", "model", 0.0),
+    ("exact", "mla", 0.0),
+    ("fly", "mla", 0.0),
+    ("rejection", "mla", 0.7),
+    ("fly", "model", 0.7),
+]
 
 
 def _static_engine(engine: Engine, compile_backend: str | None) -> Engine:
     """The tiny pair's models behind static caches (the same modules: nothing is copied)."""
-    return Engine(engine.target, engine.draft, cache_implementation="static", max_cache_len=512,
-                  compile=compile_backend is not None, compile_backend=compile_backend or "inductor")
+    return Engine(
+        engine.target,
+        engine.draft,
+        cache_implementation="static",
+        max_cache_len=512,
+        compile=compile_backend is not None,
+        compile_backend=compile_backend or "inductor",
+    )
 
 
-@pytest.mark.parametrize("compile_backend", [None, pytest.param("eager", marks=pytest.mark.slow)],
-                         ids=["static", "static-compiled"])  # compiling is off by default: make test-full
+@pytest.mark.parametrize(
+    "compile_backend", [None, pytest.param("eager", marks=pytest.mark.slow)], ids=["static", "static-compiled"]
+)  # compiling is off by default: make test-full
 def test_static_cache_generates_what_the_dynamic_cache_does(tiny_engine, compile_backend):
     static = _static_engine(tiny_engine, compile_backend)
     prompt = "def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib"
     for method, drafter, temperature in CONFIGS:
-        cfg = DecodeConfig.create(method, drafter, max_new_tokens=48, temperature=temperature, seed=3,
-                                  adaptive_draft_length=False)
+        cfg = DecodeConfig.create(
+            method, drafter, max_new_tokens=48, temperature=temperature, seed=3, adaptive_draft_length=False
+        )
         want = tiny_engine.generate(prompt, cfg)
         got = static.generate(prompt, cfg)
         assert got.token_ids == want.token_ids, (method, drafter, temperature)
@@ -82,8 +97,16 @@ def test_static_cache_refusals(tiny_engine, tiny_dir):
 def test_a_sliding_window_model_is_refused_with_the_reason():
     from transformers import MistralConfig, MistralForCausalLM
 
-    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, max_position_embeddings=128)
+    cfg = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        max_position_embeddings=128,
+    )
     with pytest.raises(LoosespecError, match="StaticSlidingWindowLayer"):
         StaticCachedLM(MistralForCausalLM(cfg).eval(), 64)
     StaticCachedLM(make_tiny_model(0), 64)  # full attention: accepted

@@ -16,9 +16,9 @@ def alone(lm, tokens):
     full = torch.cat([SEQ, torch.tensor(tokens, dtype=torch.long)])
     with torch.no_grad():
         out = lm.model(full[None], output_hidden_states=True)
-    logits = out.logits[0, len(SEQ) - 1: -1].float()
+    logits = out.logits[0, len(SEQ) - 1 : -1].float()
     lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    return lp, out.hidden_states[-1][0, len(SEQ):].float().mean(0)
+    return lp, out.hidden_states[-1][0, len(SEQ) :].float().mean(0)
 
 
 def test_batched_candidates_are_the_candidates_drafted_alone(tiny_engine):

@@ -79,7 +79,7 @@ def chunks(seq, seed=0):
     rng, i = random.Random(seed), 0
     while i < len(seq):
         k = rng.randint(1, 16)
-        yield seq[i:i + k]
+        yield seq[i : i + k]
         i += k
 
 

@@ -14,11 +14,11 @@ from loosespec.models import list_models
 
 # strings where byte-level tokenizers with and without merges split differently
 CASES = [
-    ("def add(a, b):\n", "    return a + b\n"),                  # code indentation
-    ("x =", "        1    +     2   # spaces"),                    # whitespace runs
-    ("The total is ", "12345.678 and 1,000,000"),               # numbers
-    ("naïve ", "café, 東京 and emoji 🙂 done"),                    # Unicode, multi-byte characters
-    ("def compu", "te_sum(values):\n    return sum(values)"),    # the boundary inside a word
+    ("def add(a, b):\n", "    return a + b\n"),  # code indentation
+    ("x =", "        1    +     2   # spaces"),  # whitespace runs
+    ("The total is ", "12345.678 and 1,000,000"),  # numbers
+    ("naïve ", "café, 東京 and emoji 🙂 done"),  # Unicode, multi-byte characters
+    ("def compu", "te_sum(values):\n    return sum(values)"),  # the boundary inside a word
     ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "Sure! Here"),  # special tokens as text
 ]
 
@@ -67,8 +67,9 @@ def test_proposal_round_trips_as_text(bridge, committed, proposal):
     target_ids = torch.tensor(enc(bridge.target, committed))
     draft_ids = bridge.to_draft(target_ids)
     # target -> draft keeps the text exactly
-    assert bridge.draft.decode(draft_ids.tolist(), skip_special_tokens=False) == \
-        bridge.target.decode(target_ids.tolist(), skip_special_tokens=False)
+    assert bridge.draft.decode(draft_ids.tolist(), skip_special_tokens=False) == bridge.target.decode(
+        target_ids.tolist(), skip_special_tokens=False
+    )
     # the draft's proposal, as the draft tokenizer would write it after the committed text
     full = enc(bridge.draft, bridge.draft.decode(draft_ids.tolist(), skip_special_tokens=False) + proposal)
     n = len(draft_ids)
@@ -78,21 +79,20 @@ def test_proposal_round_trips_as_text(bridge, committed, proposal):
     assert bridge.target.decode(out, skip_special_tokens=False) == proposal
     # with a clean boundary the ids are the target tokenizer's own split of the whole text
     whole = enc(bridge.target, committed + proposal)
-    if whole[:len(target_ids)] == target_ids.tolist():
-        assert out == whole[len(target_ids):]
+    if whole[: len(target_ids)] == target_ids.tolist():
+        assert out == whole[len(target_ids) :]
 
 
 def test_half_a_character_is_held_back(bridge):
     target_ids = torch.tensor(enc(bridge.target, "city: "))
     draft_ids = bridge.to_draft(target_ids)
     full = enc(bridge.draft, bridge.draft.decode(draft_ids.tolist(), skip_special_tokens=False) + "東京")
-    if full[:len(draft_ids)] != draft_ids.tolist():  # the space merges into the character
+    if full[: len(draft_ids)] != draft_ids.tolist():  # the space merges into the character
         full = draft_ids.tolist() + enc(bridge.draft, "東京")
-    proposal = full[len(draft_ids):]
+    proposal = full[len(draft_ids) :]
     assert len(proposal) >= 2 or len(bridge.draft.decode(proposal[:1])) == 2
     for cut in range(1, len(proposal) + 1):
-        text = bridge.target.decode(bridge.to_target(target_ids, draft_ids, proposal[:cut]),
-                                    skip_special_tokens=False)
+        text = bridge.target.decode(bridge.to_target(target_ids, draft_ids, proposal[:cut]), skip_special_tokens=False)
         assert "\ufffd" not in text and "東京".startswith(text)
 
 
@@ -216,8 +216,9 @@ def test_sampling_across_tokenizers_accepts_draft_tokens(twin_engine, method, ex
     to the wrong twins would almost never be)."""
     drafts = _recorded_drafts(twin_engine, monkeypatch)
     # K every round: whether drafting pays on this CPU (the cost-aware length) is not what is tested here
-    cfg = DecodeConfig.create(method, drafter, has_draft_model=True, temperature=0.8, max_new_tokens=32,
-                              adaptive_draft_length=False, **extra)
+    cfg = DecodeConfig.create(
+        method, drafter, has_draft_model=True, temperature=0.8, max_new_tokens=32, adaptive_draft_length=False, **extra
+    )
     r = twin_engine.generate(PROMPT, cfg)
     s = r.stats.to_dict()
     _assert_inside_the_intersection(twin_engine, drafts)
@@ -244,8 +245,10 @@ def test_intersection_pairs_tokens_that_decode_alike(bridge):
             assert int(inter.to_target[d[0]]) == t[0]
 
 
-@pytest.mark.skipif(not all(ready(n) for n in ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")),
-                    reason="needs the Qwen, SmolLM2 and Gemma models prepared")
+@pytest.mark.skipif(
+    not all(ready(n) for n in ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")),
+    reason="needs the Qwen, SmolLM2 and Gemma models prepared",
+)
 @pytest.mark.slow  # README figures (loading Gemma's 262k-token vocabulary): make test-full
 def test_shared_vocabulary_sizes():
     """The figures the README quotes: how much of each embedded drafter's vocabulary Qwen2.5 shares."""
@@ -266,8 +269,15 @@ def test_token_bytes_reads_sentencepiece_pieces():
     class Fake:  # the three kinds of piece a sentencepiece-style vocabulary has
         all_special_ids = [0]
         added_tokens_decoder = {}
-        backend_tokenizer = type("B", (), {"to_str": staticmethod(
-            lambda: '{"decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}}')})
+        backend_tokenizer = type(
+            "B",
+            (),
+            {
+                "to_str": staticmethod(
+                    lambda: '{"decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}}'
+                )
+            },
+        )
 
         @staticmethod
         def get_vocab():
@@ -312,13 +322,16 @@ def test_tli_rejection_sampling_is_lossless():
 def test_specguard_across_tokenizers(cross_engine, on_reject):
     """tau above 1: every step is the target's own, whatever the draft wrote in its vocabulary."""
     ar = cross_engine.generate(PROMPT, DecodeConfig.create("ar", max_new_tokens=24))
-    cfg = DecodeConfig.create("specguard", None, has_draft_model=True, max_new_tokens=24, sg_tau=1.5,
-                              sg_candidates=2, sg_on_reject=on_reject)
+    cfg = DecodeConfig.create(
+        "specguard", None, has_draft_model=True, max_new_tokens=24, sg_tau=1.5, sg_candidates=2, sg_on_reject=on_reject
+    )
     r = cross_engine.generate(PROMPT, cfg)
     assert r.token_ids == ar.token_ids and r.stats.step_summary()["accepted_steps"] == 0
     # tau 0 accepts every drafted step: the output is the draft's text, re-encoded for the target
-    r = cross_engine.generate(PROMPT, DecodeConfig.create("specguard", None, has_draft_model=True,
-                                                          max_new_tokens=24, sg_tau=0.0, sg_candidates=2))
+    r = cross_engine.generate(
+        PROMPT,
+        DecodeConfig.create("specguard", None, has_draft_model=True, max_new_tokens=24, sg_tau=0.0, sg_candidates=2),
+    )
     assert r.stats.step_summary()["accepted_steps"] > 0 and 0 < r.stats.new_tokens <= 24
 
 
@@ -331,8 +344,10 @@ def test_gemma_drafts_for_smollm2_exactly():
     e = Engine.load("smollm2-135m-instruct", "gemma-3-270m", dtype="float32", device="cpu", progress=False)
     ar = e.generate(PROMPT, DecodeConfig.create("ar", max_new_tokens=32))
     # K every round: a 270M draft for a 135M target never pays, so the cost-aware length would not draft at all
-    r = e.generate(PROMPT, DecodeConfig.create("exact", "model", has_draft_model=True, max_new_tokens=32,
-                                               adaptive_draft_length=False))
+    r = e.generate(
+        PROMPT,
+        DecodeConfig.create("exact", "model", has_draft_model=True, max_new_tokens=32, adaptive_draft_length=False),
+    )
     assert r.token_ids == ar.token_ids and r.stats.accepted_tokens > 0
 
 
@@ -342,6 +357,8 @@ def test_smollm2_drafts_for_qwen_on_code():
     from loosespec.decode.engine import Engine
 
     e = Engine.load("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", dtype="bfloat16", progress=False)
-    r = e.generate("Write a Python function is_prime(n) with a docstring.",
-                   DecodeConfig.create("exact", "model", has_draft_model=True, max_new_tokens=96))
+    r = e.generate(
+        "Write a Python function is_prime(n) with a docstring.",
+        DecodeConfig.create("exact", "model", has_draft_model=True, max_new_tokens=96),
+    )
     assert r.stats.acceptance_rate > 0.2, r.stats.to_dict()

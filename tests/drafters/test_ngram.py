@@ -7,16 +7,21 @@ from loosespec.drafters import NgramDrafter, ngram_lookup
 
 
 def look(seq, max_ngram=3, num_tokens=10, min_ngram=1, stop_ids=(), search="fly"):
-    return ngram_lookup(torch.tensor(seq, dtype=torch.long), max_ngram, num_tokens, min_ngram, stop_ids, search).tolist()
+    return ngram_lookup(
+        torch.tensor(seq, dtype=torch.long), max_ngram, num_tokens, min_ngram, stop_ids, search
+    ).tolist()
 
 
 # the official FLy code's cases (max n-gram 4, 6 tokens wanted), as issue 41 lists them, and the other two searches
-@pytest.mark.parametrize("seq,fly,transformers,pld", [
-    ([5, 1, 1, 1], [1, 1], [1], []),
-    ([7, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2], [1, 2], []),
-    ([1, 2, 3, 4, 2, 3], [4, 2, 3], [4, 2, 3], []),
-    ([3, 1, 2, 3, 1, 2, 3, 1], [2, 3, 1], [2, 3, 1], [2, 3, 1, 2, 3, 1]),
-])
+@pytest.mark.parametrize(
+    "seq,fly,transformers,pld",
+    [
+        ([5, 1, 1, 1], [1, 1], [1], []),
+        ([7, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2], [1, 2], []),
+        ([1, 2, 3, 4, 2, 3], [4, 2, 3], [4, 2, 3], []),
+        ([3, 1, 2, 3, 1, 2, 3, 1], [2, 3, 1], [2, 3, 1], [2, 3, 1, 2, 3, 1]),
+    ],
+)
 def test_official_fly_cases(seq, fly, transformers, pld):
     assert look(seq, max_ngram=4, num_tokens=6) == fly
     assert look(seq, max_ngram=4, num_tokens=6, search="transformers") == transformers
@@ -40,7 +45,7 @@ def test_transformers_search_matches_transformers_prompt_lookup():
         seq = torch.randint(0, 4, (int(torch.randint(2, 14, (1,), generator=g)),), generator=g)
         gen = PromptLookupCandidateGenerator(num_output_tokens=5, max_matching_ngram_size=3, max_length=1000)
         cand, _ = gen.get_candidates(seq.unsqueeze(0))
-        theirs = cand[0, seq.shape[0]:].tolist()
+        theirs = cand[0, seq.shape[0] :].tolist()
         assert look(seq.tolist(), max_ngram=3, num_tokens=5, search="transformers") == theirs, seq.tolist()
 
 

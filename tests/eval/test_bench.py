@@ -25,10 +25,21 @@ from loosespec.eval import stats as S
 
 
 def row(qid, method, wall, ids, score=None, rounds=None, cat="c", drafted=None, accepted=None, lengths=None):
-    return {"question_id": qid, "category": cat, "method": method, "lossy": M.is_lossy(method), "wall_time": wall,
-            "token_ids": ids, "new_tokens": len(ids), "rounds": rounds if rounds is not None else len(ids),
-            "accept_lengths": lengths or [], "score": score, "drafted_tokens": drafted, "accepted_tokens": accepted,
-            "stats": {}}
+    return {
+        "question_id": qid,
+        "category": cat,
+        "method": method,
+        "lossy": M.is_lossy(method),
+        "wall_time": wall,
+        "token_ids": ids,
+        "new_tokens": len(ids),
+        "rounds": rounds if rounds is not None else len(ids),
+        "accept_lengths": lengths or [],
+        "score": score,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "stats": {},
+    }
 
 
 HAND = [
@@ -75,8 +86,10 @@ def test_summary_sums_the_fly_counters_and_the_copy_guards_only_where_it_ran():
         return {**r, "stats": stats}
 
     plain = [with_stats(HAND[3], fly_prefix_mismatches=3, fly_deferred=1), with_stats(HAND[4], fly_prefix_mismatches=2)]
-    guarded = [{**with_stats(r, fly_prefix_mismatches=2, fly_deferred=0, fly_copy_rejects=1), "method": name}
-               for r, name in ((HAND[3], "fly-ngram@fly_copy_guard=4"), (HAND[4], "fly-ngram@fly_copy_guard=4"))]
+    guarded = [
+        {**with_stats(r, fly_prefix_mismatches=2, fly_deferred=0, fly_copy_rejects=1), "method": name}
+        for r, name in ((HAND[3], "fly-ngram@fly_copy_guard=4"), (HAND[4], "fly-ngram@fly_copy_guard=4"))
+    ]
     s = S.summarize(HAND[:3] + plain + guarded)["methods"]
     assert s["fly-ngram"]["fly_prefix_mismatches"] == 5 and s["fly-ngram"]["fly_deferred"] == 1
     assert "fly_copy_rejects" not in s["fly-ngram"]
@@ -194,12 +207,38 @@ def test_a_directory_from_before_the_drafts_own_precision_resumes_only_with_the_
     R.check_config(tmp_path, {**old, "draft_dtype": "int8"})
     with pytest.raises(LoosespecError, match="draft_dtype: 'int8' there, 'int4' now"):
         R.check_config(tmp_path, {**old, "draft_dtype": "int4"})
-    cfg = R.run_config(target="t", draft=None, dtype="int8", device="cpu", dataset="gsm8k", options={},
-                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none",
-                       draft_dtype="int4")
+    cfg = R.run_config(
+        target="t",
+        draft=None,
+        dtype="int8",
+        device="cpu",
+        dataset="gsm8k",
+        options={},
+        max_new_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        sg_tau=None,
+        scorer="none",
+        draft_dtype="int4",
+    )
     assert cfg["draft_dtype"] is None  # no draft, no draft precision
-    cfg = R.run_config(target="t", draft="d", dtype="int8", device="cpu", dataset="gsm8k", options={},
-                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, sg_tau=None, scorer="none")
+    cfg = R.run_config(
+        target="t",
+        draft="d",
+        dtype="int8",
+        device="cpu",
+        dataset="gsm8k",
+        options={},
+        max_new_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        sg_tau=None,
+        scorer="none",
+    )
     assert cfg["draft_dtype"] == "int8"
 
 
@@ -237,9 +276,28 @@ def _shipped_data_only(monkeypatch):
 
 def bench_args(tiny_dir, out, limit=2, tokens=24, methods="ar,exact-ngram,fly-ngram,exact-model,hf-pld"):
     """``loosespec bench`` arguments for the tiny pair (CLI + these for a real process)."""
-    return ["bench", "--dataset", "gsm8k", "--limit", str(limit), "--methods", methods,
-            "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"), "--dtype", "float32",
-            "--device", "cpu", "--max-new-tokens", str(tokens), "--out", str(out), "--no-plots"]
+    return [
+        "bench",
+        "--dataset",
+        "gsm8k",
+        "--limit",
+        str(limit),
+        "--methods",
+        methods,
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "draft"),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        str(tokens),
+        "--out",
+        str(out),
+        "--no-plots",
+    ]
 
 
 def pairs(out: Path) -> list[tuple[str, str]]:
@@ -255,8 +313,9 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     first = cli(*bench_args(tiny_dir, out))
     assert first.returncode == 0, first.stderr[-2000:]
     got = pairs(out)
-    assert sorted(got) == sorted((f"gsm8k/{i}", m) for i in range(2)
-                                 for m in ("ar", "exact-ngram", "fly-ngram", "exact-model", "hf-pld"))
+    assert sorted(got) == sorted(
+        (f"gsm8k/{i}", m) for i in range(2) for m in ("ar", "exact-ngram", "fly-ngram", "exact-model", "hf-pld")
+    )
     assert "fly-ngram (lossy)" in first.stdout
     summary = json.loads((out / R.SUMMARY).read_text())
     assert summary["methods"]["exact-ngram"]["identical_to_ar"] == 1.0  # lossless, float32
@@ -294,8 +353,10 @@ def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
     args = [a if a != "gsm8k" else "humaneval" for a in bench_args(tiny_dir, out, limit=1, tokens=8, methods="ar")]
     from loosespec.eval.sandbox_probe import resolve_mode
 
-    for flags, mode in ((["--allow-code-execution"], resolve_mode()), (["--allow-code-execution", "--sandbox", "none"],
-                                                                      "none")):
+    for flags, mode in (
+        (["--allow-code-execution"], resolve_mode()),
+        (["--allow-code-execution", "--sandbox", "none"], "none"),
+    ):
         run = cli(*args, *flags)
         assert run.returncode == 0, run.stderr[-2000:]
         assert f"mode {mode}" in run.stderr
@@ -328,7 +389,7 @@ def test_kill_9_mid_run_then_resume_runs_every_pair_once(tiny_dir, tmp_path):
     proc.wait()
     written = len(pairs(out)) if results.read_text().endswith("\n") else None
     assert written is None or 3 <= written < 30
-    done = cli(*cmd[len(CLI):])  # the resume need not be a new process
+    done = cli(*cmd[len(CLI) :])  # the resume need not be a new process
     assert done.returncode == 0, done.stderr[-2000:]
     got = pairs(out)
     assert len(got) == 30 and len(set(got)) == 30
@@ -349,7 +410,7 @@ def test_a_second_bench_on_a_folder_being_written_fails_at_once(tiny_dir, tmp_pa
             time.sleep(0.05)
         assert proc.poll() is None, "the first run finished before the second could start"
         t = time.monotonic()
-        second = cli(*cmd[len(CLI):])
+        second = cli(*cmd[len(CLI) :])
         assert second.returncode == 2 and time.monotonic() - t < 60, second.stderr[-2000:]
         errors = [line for line in second.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and str(out) in errors[0] and f"pid {proc.pid}" in errors[0], second.stderr[-2000:]
@@ -365,8 +426,11 @@ def test_a_second_bench_on_a_folder_being_written_fails_at_once(tiny_dir, tmp_pa
 
 
 def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):
-    for args, msg in ((["--methods", "ar,nope"], "unknown method"), (["--limit", "0"], "positive"),
-                      (["--dataset", "nosuch"], "unknown dataset")):
+    for args, msg in (
+        (["--methods", "ar,nope"], "unknown method"),
+        (["--limit", "0"], "positive"),
+        (["--dataset", "nosuch"], "unknown dataset"),
+    ):
         cmd = bench_args(tiny_dir, tmp_path / "x")
         for i in range(0, len(args), 2):
             cmd[cmd.index(args[i]) + 1] = args[i + 1]
@@ -379,10 +443,23 @@ def test_bench_bad_input_is_a_clear_error(tiny_dir, tmp_path):
 def test_spec_bench_export_layout(tmp_path):
     rows = []
     for r in HAND[:2] + HAND[3:5]:
-        rows.append({**r, "model_id": "m/" + r["method"], "tstamp": 1.0,
-                     "choices": [{"index": 0, "turns": ["t"], "decoding_steps": [r["rounds"]],
-                                  "new_tokens": [r["new_tokens"]], "wall_time": [r["wall_time"]],
-                                  "accept_lengths": r["accept_lengths"]}]})
+        rows.append(
+            {
+                **r,
+                "model_id": "m/" + r["method"],
+                "tstamp": 1.0,
+                "choices": [
+                    {
+                        "index": 0,
+                        "turns": ["t"],
+                        "decoding_steps": [r["rounds"]],
+                        "new_tokens": [r["new_tokens"]],
+                        "wall_time": [r["wall_time"]],
+                        "accept_lengths": r["accept_lengths"],
+                    }
+                ],
+            }
+        )
     paths = R.export_spec_bench(rows, tmp_path / "sb")
     assert sorted(p.name for p in paths) == ["ar.jsonl", "fly-ngram.jsonl"]
     fly = [json.loads(x) for x in (tmp_path / "sb" / "fly-ngram.jsonl").read_text().splitlines()]
@@ -415,9 +492,12 @@ def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatc
 
     heights = []
     real_bar = Axes.bar
-    monkeypatch.setattr(Axes, "bar", lambda self, x, h, *a, **k: heights.append(list(h)) or real_bar(self, x, h, *a,
-                                                                                                        **k))
-    summary = {"methods": {"ar": {}, "exact-ngram": {}},
-               "categories": {"a": {"exact-ngram": {"speedup": 1.5}}, "b": {}}}  # exact-ngram did not run in b
+    monkeypatch.setattr(
+        Axes, "bar", lambda self, x, h, *a, **k: heights.append(list(h)) or real_bar(self, x, h, *a, **k)
+    )
+    summary = {
+        "methods": {"ar": {}, "exact-ngram": {}},
+        "categories": {"a": {"exact-ngram": {"speedup": 1.5}}, "b": {}},
+    }  # exact-ngram did not run in b
     RP.plot([], summary, tmp_path)
     assert heights[0][0] == 1.5 and math.isnan(heights[0][1])

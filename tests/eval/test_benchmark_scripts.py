@@ -23,42 +23,79 @@ def test_mcnemar_exact():
 def write_set(d: Path, methods: dict, dataset="humaneval", dtype="int8"):
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"methods": methods}))
-    (d / "config.json").write_text(json.dumps({"target": "t", "draft": "d", "dtype": dtype, "dataset": dataset,
-                                               "max_new_tokens": 128, "adaptive_draft_length": True}))
-    (d / "results.jsonl").write_text(json.dumps({"hardware": {"cpu": "Test CPU", "cpu_flags": ["avx2"],
-                                                              "threads": 2}}) + "\n")
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "target": "t",
+                "draft": "d",
+                "dtype": dtype,
+                "dataset": dataset,
+                "max_new_tokens": 128,
+                "adaptive_draft_length": True,
+            }
+        )
+    )
+    (d / "results.jsonl").write_text(
+        json.dumps({"hardware": {"cpu": "Test CPU", "cpu_flags": ["avx2"], "threads": 2}}) + "\n"
+    )
 
 
 def m(speedup, tps, ident=1.0, lossy=False):
-    return {"prompts": 5, "speedup": speedup, "tokens_per_s": tps, "mean_accepted_length": 2.0,
-            "identical_to_ar": ident, "lossy": lossy}
+    return {
+        "prompts": 5,
+        "speedup": speedup,
+        "tokens_per_s": tps,
+        "mean_accepted_length": 2.0,
+        "identical_to_ar": ident,
+        "lossy": lossy,
+    }
 
 
 def test_cpu_report_passes_and_fails_where_it_should(tmp_path):
-    write_set(tmp_path / "humaneval", {"ar": m(1, 8), "exact-ngram": m(1.5, 12), "fly-ngram": m(2.5, 20, 0.8, True),
-                                       "llamacpp-ar": m(1.1, 9)})
-    write_set(tmp_path / "specbench-summarization", {"ar": m(1, 8), "exact-ngram": m(1.4, 11),
-                                                     "fly-ngram": m(2.0, 16, 0.6, True), "llamacpp-ar": m(1.1, 9)})
+    write_set(
+        tmp_path / "humaneval",
+        {"ar": m(1, 8), "exact-ngram": m(1.5, 12), "fly-ngram": m(2.5, 20, 0.8, True), "llamacpp-ar": m(1.1, 9)},
+    )
+    write_set(
+        tmp_path / "specbench-summarization",
+        {"ar": m(1, 8), "exact-ngram": m(1.4, 11), "fly-ngram": m(2.0, 16, 0.6, True), "llamacpp-ar": m(1.1, 9)},
+    )
     text, ok = report(tmp_path)
     assert ok, text
     assert "Test CPU (avx2; 2 threads)" in text and "PASS: best FLy configuration (fly-ngram)" in text
-    write_set(tmp_path / "specbench-math_reasoning", {"ar": m(1, 8), "exact-ngram": m(0.9, 7, 0.8),
-                                                      "fly-ngram": m(1.0, 8, 0.5, True), "llamacpp-ar": m(1.1, 9)})
+    write_set(
+        tmp_path / "specbench-math_reasoning",
+        {"ar": m(1, 8), "exact-ngram": m(0.9, 7, 0.8), "fly-ngram": m(1.0, 8, 0.5, True), "llamacpp-ar": m(1.1, 9)},
+    )
     text, ok = report(tmp_path)
     assert not ok
-    assert "FAIL: every loosespec method >= 0.95x ar in every category (lowest: exact-ngram on " \
-           "specbench-math_reasoning, 0.90x)" in text
+    assert (
+        "FAIL: every loosespec method >= 0.95x ar in every category (lowest: exact-ngram on "
+        "specbench-math_reasoning, 0.90x)" in text
+    )
     assert "FAIL: lossless exact-ngram identical to ar" in text
 
 
 def test_precision_compare(tmp_path):
     def rows(d, dtype, scores, ids_same):
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"dataset": "gsm8k", "target": "t", "dtype": dtype,
-                                                   "max_new_tokens": 8}))
-        lines = [json.dumps({"question_id": f"q{i}", "method": "ar", "score": s, "token_ids": [i] if ids_same[i] else [dtype],
-                             "new_tokens": 8, "wall_time": 1.0, "hardware": {"cpu": "Test CPU", "cpu_flags": []}})
-                 for i, s in enumerate(scores)]
+        (d / "config.json").write_text(
+            json.dumps({"dataset": "gsm8k", "target": "t", "dtype": dtype, "max_new_tokens": 8})
+        )
+        lines = [
+            json.dumps(
+                {
+                    "question_id": f"q{i}",
+                    "method": "ar",
+                    "score": s,
+                    "token_ids": [i] if ids_same[i] else [dtype],
+                    "new_tokens": 8,
+                    "wall_time": 1.0,
+                    "hardware": {"cpu": "Test CPU", "cpu_flags": []},
+                }
+            )
+            for i, s in enumerate(scores)
+        ]
         (d / "results.jsonl").write_text("\n".join(lines) + "\n")
 
     rows(tmp_path / "a", "int8", [True, True, False, True], [1, 0, 1, 1])
@@ -68,8 +105,12 @@ def test_precision_compare(tmp_path):
     assert "right in int8 only: 2; right in float32 only: 0" in text
     assert "identical token for token: 3/4" in text
     assert "on all" not in text  # both sides have the same problems
-    (tmp_path / "a" / "results.jsonl").open("a").write(json.dumps(
-        {"question_id": "q9", "method": "ar", "score": False, "token_ids": [9], "new_tokens": 8, "wall_time": 1.0}) + "\n")
+    (tmp_path / "a" / "results.jsonl").open("a").write(
+        json.dumps(
+            {"question_id": "q9", "method": "ar", "score": False, "token_ids": [9], "new_tokens": 8, "wall_time": 1.0}
+        )
+        + "\n"
+    )
     assert "int8 on all 5 problems it has scored: 3/5 = 0.60" in compare(tmp_path / "a", tmp_path / "b")
 
 
@@ -90,9 +131,26 @@ def test_gpu_smoke_runs_its_cpu_sections_and_writes_one_summary(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "smoke.json"
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_smoke.py"), "run", "--device", "cpu",
-                           "--skip", "tests,matrix,rule_cost,syncs,peak_memory", "--assets", str(tmp_path / "none"),
-                           "--vllm-vocab", "512", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "gpu_smoke.py"),
+            "run",
+            "--device",
+            "cpu",
+            "--skip",
+            "tests,matrix,rule_cost,syncs,peak_memory",
+            "--assets",
+            str(tmp_path / "none"),
+            "--vllm-vocab",
+            "512",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = json.loads(out.read_text())
     s = summary["sections"]
     assert s["env"]["ok"] and s["env"]["dependencies"]["transformers"]["in_range"] is True, proc.stderr[-2000:]
@@ -115,9 +173,19 @@ def write_fly_set(d: Path, categories: dict, rows: list):
 
 def fly_cat(n, ar, exact, fly, **extra):
     base = {"prompts": n, "identical_to_ar": 1.0, "draft_levels": {"lookup": 0.5, "model": 0.4, "none": 0.1}}
-    return {"ar": {**base, "tokens_per_s": ar}, "exact-mla": {**base, "tokens_per_s": exact},
-            "fly-mla": {**base, "tokens_per_s": fly, "identical_to_ar": 0.5, "fly_deferrable_rounds": 30,
-                        "level_rounds": 100, "fly_deferred": 4, **extra}}
+    return {
+        "ar": {**base, "tokens_per_s": ar},
+        "exact-mla": {**base, "tokens_per_s": exact},
+        "fly-mla": {
+            **base,
+            "tokens_per_s": fly,
+            "identical_to_ar": 0.5,
+            "fly_deferrable_rounds": 30,
+            "level_rounds": 100,
+            "fly_deferred": 4,
+            **extra,
+        },
+    }
 
 
 def test_fly_acceptance_checks_speed_retention_and_size(tmp_path):
@@ -125,18 +193,42 @@ def test_fly_acceptance_checks_speed_retention_and_size(tmp_path):
 
     cats = {f"c{i}": fly_cat(10, 4.0, 5.0, 6.0) for i in range(6)}
     write_fly_set(tmp_path / "specbench", cats, [{"method": "ar", "category": "c0"}])
+
     def row(method, i, score):
-        return {"method": method, "lossy": method != "ar", "category": "humaneval", "question_id": f"q{i}",
-                "score": score, "token_ids": [i], "new_tokens": 8, "wall_time": 1.0, "rounds": 4, "stats": {}}
+        return {
+            "method": method,
+            "lossy": method != "ar",
+            "category": "humaneval",
+            "question_id": f"q{i}",
+            "score": score,
+            "token_ids": [i],
+            "new_tokens": 8,
+            "wall_time": 1.0,
+            "rounds": 4,
+            "stats": {},
+        }
 
     he_rows = [row("ar", i, i < 20) for i in range(40)] + [row("fly-mla", i, i < 20) for i in range(40)]
-    he = fly_cat(40, 4.0, 5.0, 6.0, scored=40, recovery=1.0, ar_right_method_wrong=0, ar_wrong_method_right=0,
-                 accuracy=0.5, ar_accuracy=0.5, mcnemar_p=1.0)
+    he = fly_cat(
+        40,
+        4.0,
+        5.0,
+        6.0,
+        scored=40,
+        recovery=1.0,
+        ar_right_method_wrong=0,
+        ar_wrong_method_right=0,
+        accuracy=0.5,
+        ar_accuracy=0.5,
+        mcnemar_p=1.0,
+    )
     write_fly_set(tmp_path / "humaneval", {"humaneval": he}, he_rows)
     text, ok = fly_report(tmp_path)
     assert ok, text
-    assert "PASS: FLy's default >= 1.10x exact's default in tokens/s, geometric mean over the 7 categories (1.200x)" \
-           in text
+    assert (
+        "PASS: FLy's default >= 1.10x exact's default in tokens/s, geometric mean over the 7 categories (1.200x)"
+        in text
+    )
     assert "retention 1.000, 95% interval " in text and ": 0 lost, 0 gained" in text and "partial" not in text
     assert "| c0 | 10 | 4.00 | 5.00 | 6.00 | 1.200x | 0.50 | 30 of 100 | 4 | 50% / 40% / 10% |" in text
 

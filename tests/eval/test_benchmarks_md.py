@@ -10,7 +10,9 @@ def test_benchmarks_md_tables_match_the_result_files(capsys):
     summaries (stats.bootstrap_ratio remembers what it computed)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("update_benchmarks_md", ROOT / "benchmarks" / "update_benchmarks_md.py")
+    spec = importlib.util.spec_from_file_location(
+        "update_benchmarks_md", ROOT / "benchmarks" / "update_benchmarks_md.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--check"]) == 0, capsys.readouterr().err
@@ -25,6 +27,7 @@ def test_every_reported_directory_exists():
 
 
 # ------------------------------------------------------------------ numbers quoted in prose, outside the blocks
+
 
 def _methods(directory: str) -> dict:
     from loosespec.eval.report import report
@@ -58,28 +61,44 @@ def _calibration() -> dict:
 
     rep = json.loads((ROOT / "results/calibration/specguard.json").read_text(encoding="utf-8"))
     a = analyse_report(rep)
-    best = {v: max((g for g in a["grid"] if g["sg_confidence"] == v), key=lambda g: g["auc_target_prefers"])
-            for v in ("min", "mean")}
-    return {"problems": rep["problems"], "steps": a["steps"], "prefers": a["target_prefers_rate"],
-            "choice": a["choice"], "best": best, "signals": a["signals"], "grid": a["grid"]}
+    best = {
+        v: max((g for g in a["grid"] if g["sg_confidence"] == v), key=lambda g: g["auc_target_prefers"])
+        for v in ("min", "mean")
+    }
+    return {
+        "problems": rep["problems"],
+        "steps": a["steps"],
+        "prefers": a["target_prefers_rate"],
+        "choice": a["choice"],
+        "best": best,
+        "signals": a["signals"],
+        "grid": a["grid"],
+    }
 
 
 def _quoted_figures() -> list[tuple[str, str]]:
     """(file, sentence) for every figure the prose quotes from a committed result, each sentence written
     here with its numbers computed from the result files, so a rerun that changes them fails until the
     prose says the new ones."""
+
     def f(v, spec=".2f"):
         return format(v, spec)
 
     def right(s):
         return round(s["accuracy"] * s["scored"])
 
-    g, h, load = _methods("results/bench/vllm/gsm8k"), _methods("results/bench/vllm/humaneval"), \
-        _methods("results/bench/vllm/gsm8k-load")
+    g, h, load = (
+        _methods("results/bench/vllm/gsm8k"),
+        _methods("results/bench/vllm/humaneval"),
+        _methods("results/bench/vllm/gsm8k-load"),
+    )
     exact_len, fly_len = _integration_lengths()
     lossless, sg = _speed("speed_lossless", "humaneval"), _speed("specguard_gsm8k", "gsm8k")
-    xtok = {(s, d): _methods(f"results/bench/xtok/{s}-{d}") for s in ("humaneval", "mtbench")
-            for d in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")}
+    xtok = {
+        (s, d): _methods(f"results/bench/xtok/{s}-{d}")
+        for s in ("humaneval", "mtbench")
+        for d in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+    }
     qwen, smol, gemma = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"
     assert all(right(s) == right(g["vllm-ar"]) for s in g.values()) and g["vllm-ar"]["scored"] == 3
     assert all(right(s) == right(load["vllm-ar"]) for s in load.values()) and load["vllm-ar"]["scored"] == 8
@@ -97,8 +116,10 @@ def _quoted_figures() -> list[tuple[str, str]]:
     math = retention(ROOT / "results/bench/evidence/math500")
     mf, msg = math["fly-mla"], math["specguard"]
     math_ident = _methods("results/bench/evidence/math500")["fly-mla"]
-    per_set = {label: retention(ROOT / "results/bench/evidence" / d)["fly-mla"]
-               for label, d in (("GSM8K", "gsm8k"), ("NIAH", "niah"), ("MGSM zh + ja", "mgsm"), ("MATH-500", "math500"))}
+    per_set = {
+        label: retention(ROOT / "results/bench/evidence" / d)["fly-mla"]
+        for label, d in (("GSM8K", "gsm8k"), ("NIAH", "niah"), ("MGSM zh + ja", "mgsm"), ("MATH-500", "math500"))
+    }
     assert mg["verdict"].startswith("not decided")  # what README and BENCHMARKS.md say of it
     mg_open, gsm_open = openings(ROOT / "results/bench/evidence/mgsm"), openings(ROOT / "results/bench/evidence/gsm8k")
     guard = "fly-mla@fly_copy_guard=4"  # FLy's copy guard on MGSM (BENCHMARKS.md "FLy's copy guard, measured")
@@ -110,8 +131,10 @@ def _quoted_figures() -> list[tuple[str, str]]:
 
     rows = ResultsFile(ROOT / "results/bench/evidence/mgsm" / RESULTS).read()
     scored = {(r["question_id"], r["method"]): bool(r["score"]) for r in rows}
-    lost = {m: sorted(q for (q, mm), ok in scored.items() if mm == m and scored[q, "ar"] and not ok)
-            for m in ("fly-mla", guard)}
+    lost = {
+        m: sorted(q for (q, mm), ok in scored.items() if mm == m and scored[q, "ar"] and not ok)
+        for m in ("fly-mla", guard)
+    }
     back = set(lost["fly-mla"]) - set(lost[guard])
     copy_class = {f"mgsm/{q}" for q in ("zh/26", "zh/27", "ja/3", "ja/19", "ja/26", "ja/49")}
     words = {8: "Eight", 9: "Nine", 10: "Ten"}
@@ -133,184 +156,370 @@ def _quoted_figures() -> list[tuple[str, str]]:
 
     def ci(r):
         return f"{f(r['recovery_ci95'][0])}-{f(r['recovery_ci95'][1])}"
+
     he_sentences = [
-        (B, f"`fly-mla` recovery {f(hf['recovery'])} (95% interval {ci(hf)}, {hf['ar_right_method_wrong']} lost, "
-            f"{hf['ar_wrong_method_right']} gained) and `fly-ngram` {f(hn['recovery'])} ({ci(hn)}), both `lost`"),
-        (B, f"With the copy guard the {hm[guard]['prompts']} problems come out at recovery "
-            f"{f(hg['recovery'])} ({ci(hg)}): not decided."),
+        (
+            B,
+            f"`fly-mla` recovery {f(hf['recovery'])} (95% interval {ci(hf)}, {hf['ar_right_method_wrong']} lost, "
+            f"{hf['ar_wrong_method_right']} gained) and `fly-ngram` {f(hn['recovery'])} ({ci(hn)}), both `lost`",
+        ),
+        (
+            B,
+            f"With the copy guard the {hm[guard]['prompts']} problems come out at recovery "
+            f"{f(hg['recovery'])} ({ci(hg)}): not decided.",
+        ),
         # "Does FLy keep accuracy?", per set: the one decided FLy verdict
-        (B, f"On HumanEval (n = {hf['scored']}) it is decided, against the claim: recovery {f(hf['recovery'])} "
+        (
+            B,
+            f"On HumanEval (n = {hf['scored']}) it is decided, against the claim: recovery {f(hf['recovery'])} "
             f"({ci(hf)}), {hf['ar_right_method_wrong']} answers lost and {hf['ar_wrong_method_right']} gained, and "
             f"`fly-ngram` {f(hn['recovery'])} ({ci(hn)}); most of those losses are docstring copies, which FLy's "
-            f"labeled copy guard refuses (with it, {f(hg['recovery'])}, {ci(hg)}: not decided)."),
+            f"labeled copy guard refuses (with it, {f(hg['recovery'])}, {ci(hg)}: not decided).",
+        ),
         (B, f"where the lossless `exact-ngram` runs at {f(hm['exact-ngram']['speedup'])}x"),
-        (R, f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
-            f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)"),
-        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the {hm[guard]['prompts']} "
-            "problems"),
+        (
+            R,
+            f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
+            f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)",
+        ),
+        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the {hm[guard]['prompts']} problems"),
     ]
-    return he_sentences + [
-        # the lost answers, read (BENCHMARKS.md "The answers a lossy method lost, read")
-        (B, f"Of the {len(read)} lost answers on GSM8K, NIAH and MGSM " + ("none is a repetition loop" if not loops else
-                                                   f"{loops} are repetition loops")),
-        (B, f"{small.get(trunc, trunc).capitalize()} ran to the token budget: mgsm/ja/40"),
-        (B, f"SpecGuard's {small.get(sg_steps, sg_steps)} accepted draft steps that went wrong"),
-        (B, f"On GSM8K SpecGuard lost {sk['ar_right_method_wrong']} answers and gained {sk['ar_wrong_method_right']} "
-            f"(recovery {f(sk['recovery'])}, 95% interval {f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])}): "
-            "not decided either" if sk["verdict"].startswith("not decided") else "SpecGuard's verdict has changed"),
-        # SpecGuard's calibration (results/calibration/specguard.json)
-        (R, f"(sg_confidence {c['sg_confidence']}, sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']}) come from `make "
-            f"calibrate-specguard`: the target writes every step of the first {cal['problems']} problems of GSM8K's "
-            f"*train* split"),
-        (R, f"scored, {cal['steps']} steps, default pair in int8."),
-        (R, f"separates it best (AUC {f(auc, '.3f')}), and tau accepts the share of steps the target prefers "
-            f"({f(100 * cal['prefers'], '.1f')}%)."),
-        (R, f"(AUC {f(auc, '.3f')} at beta {c['sg_beta']}, min's best {f(cal['best']['min']['auc_target_prefers'], '.3f')};"),
-        (R, f"beta {c['sg_beta']} and tau {c['sg_tau']}, calibrated on GSM8K's train split (`make calibrate-specguard`: "
-            f"{cal['problems']} problems, {cal['steps']} steps)"),
-        (B, "The old defaults (min, beta 0.3) scored S well below C alone (AUC " + f(next(
-            g["auc_target_prefers"] for g in cal["grid"] if (g["sg_confidence"], g["sg_beta"]) == ("min", 0.3)), ".3f")
-            + " against the target's preference"),
-        (B, f"target (step acceptance {f(ev['specguard']['step_accept_rate'])}: most steps are rejected)"),
-        # README's headline numbers: the GSM8K evidence run
-        (R, f"EVID_GSM8K_N={ev['ar']['prompts']}`): the first {ev['ar']['prompts']} GSM8K test problems"),
-        (R, f"Lossless `exact-mla` runs at {f(ev['exact-mla']['speedup'])}x of `ar` (95% interval "
-            f"{f(ev['exact-mla']['speedup_ci95'][0])}-{f(ev['exact-mla']['speedup_ci95'][1])}) with every output "
-            f"identical to `ar`'s" if ev['exact-mla']['identical_to_ar'] == 1 else "exact-mla is not identical to ar"),
-        (R, f"FLy (`fly-mla`, lossy) at {f(ev['fly-mla']['speedup'])}x ({f(ev['fly-mla']['speedup_ci95'][0])}-"
-            f"{f(ev['fly-mla']['speedup_ci95'][1])}) with accuracy recovery {f(keep['recovery'])} (95% interval "
-            f"{f(keep['recovery_ci95'][0])}-{f(keep['recovery_ci95'][1])}; {keep['ar_right_method_wrong']} answers "
-            f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither"),
-        (R, f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x ({sk['ar_right_method_wrong']} answers lost, "
-            f"{sk['ar_wrong_method_right']} gained): slower"),
-        # "Does FLy keep accuracy?", per set
-        (B, "Per set, for FLy as published (`fly-mla`, greedy): " + ", ".join(
-            f"{label} (n = {k['scored']}) " + ("recovery " if label == "GSM8K" else "") + f"{f(k['recovery'])} "
-            f"({f(k['recovery_ci95'][0])}-{f(k['recovery_ci95'][1])})" for label, k in per_set.items()) + ". On none of "
-            "them is the answer decided" if all(k["verdict"].startswith("not decided") for k in per_set.values())
-            else "a FLy verdict has been decided"),
-        (B, f"MATH-500, against it: {f(msg['recovery'])} ({f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}), "
-            f"{msg['ar_right_method_wrong']} answers lost and none gained; on GSM8K it is not ({f(sk['recovery'])}, "
-            f"{f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])})"),
-        # MATH-500 (README's measured paragraph and BENCHMARKS.md below its tables)
-        (B, f"it deferred {math_ident['fly_deferred']} times in {math_ident['prompts']} problems (`fly_deferred` in the "
-            f"run's `summary.json`; {ev['fly-mla']['fly_deferred']} times in GSM8K's {ev['fly-mla']['prompts']} and "
-            f"{fs['fly_deferred']} in MGSM's {fs['prompts']}"),
-        (B, f"chose short drafts (mean accepted length {f(math_ident['mean_accepted_length'])})"),
-        (R, f"On the first {mf['scored']} MATH-500 problems FLy lost "
-            f"{'no answer' if not mf['ar_right_method_wrong'] else mf['ar_right_method_wrong']} ({f(mf['speedup'])}x) and "
-            f"SpecGuard lost {msg['ar_right_method_wrong']}, gained {msg['ar_wrong_method_right']} (recovery "
-            f"{f(msg['recovery'])}, 95% interval {f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}: a decided "
-            f"loss)" if msg["verdict"] == "lost" else "SpecGuard's MATH-500 verdict has changed"),
-        (B, f"SpecGuard lost {msg['ar_right_method_wrong']} answers and gained {msg['ar_wrong_method_right']}: with "
-            f"n = {msg['scored']} its recovery interval ({f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}) "
-            f"lies below 0.99 and the exact McNemar test gives p = {msg['mcnemar_p']:.2g}"),
-        (B, f"FLy lost no answer and gained none on these {mf['scored']} (recovery {f(mf['recovery'])}, 95% interval "
-            f"{f(mf['recovery_ci95'][0])}-{f(mf['recovery_ci95'][1])}: not decided); "
-            f"{round(math_ident['identical_to_ar'] * math_ident['prompts'])} of its {math_ident['prompts']} outputs"
-            if mf["ar_right_method_wrong"] == mf["ar_wrong_method_right"] == 0 and mf["verdict"].startswith("not decided")
-            else "FLy's MATH-500 answers have changed"),
-        (R, f"FLy runs at {f(mg['speedup'])}x with recovery {f(mg['recovery'])} (95% interval "
-            f"{f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}; {mg['ar_right_method_wrong']} answers lost, "
-            f"{mg['ar_wrong_method_right']} gained): not decided either"),
-        # the MGSM lost answers and openings, read (BENCHMARKS.md "The answers a lossy method lost, read")
-        (B, f"FLy lost {mg['ar_right_method_wrong']} answers and gained {mg['ar_wrong_method_right']} (recovery "
-            f"{f(mg['recovery'])}, 95% interval {f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}, McNemar p "
-            f"{mg['mcnemar_p']:.3g}): the clearest sign so far"),
-        (B, f"open by restating the question in {mg_open['fly-mla']['restates']} of {mg_open['fly-mla']['scored']} "
-            f"problems against `ar`'s {mg_open['ar']['restates']}, and there such answers are right less often (`ar`: "
-            f"{f(mg_open['ar']['accuracy_restating'])} against {f(mg_open['ar']['accuracy_other'])})"),
-        (B, f"the association is the other way round ({f(gsm_open['ar']['accuracy_restating'])} against "
-            f"{f(gsm_open['ar']['accuracy_other'])} for `ar`)"),
-        # FLy's copy guard on MGSM
-        (B, f"the guard lost {gm['ar_right_method_wrong']} answers and gained {gm['ar_wrong_method_right']} (accuracy "
-            f"{f(gs['accuracy'])} against `ar`'s {f(gs['ar_accuracy'])}, recovery {f(gm['recovery'])}, 95% interval "
-            f"{f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])}; FLy without it: {mg['ar_right_method_wrong']} "
-            f"lost, {mg['ar_wrong_method_right']} gained, accuracy {f(fs['accuracy'])})"),
-        (B, f"{round(gs['identical_to_ar'] * gs['prompts'])} of {gs['prompts']} outputs are `ar`'s token for token "
-            f"({round(fs['identical_to_ar'] * fs['prompts'])} without the guard)"),
-        (B, f"It took back {gs['fly_copy_rejects']} deferrals (`fly_copy_rejects` in the run's `summary.json`) and "
-            f"let {gs['fly_deferred']} stand, where FLy without it deferred {fs['fly_deferred']} times"),
-        (B, f"its mean accepted length is {f(gs['mean_accepted_length'])} against FLy's "
-            f"{f(fs['mean_accepted_length'])} and its rate {f(gs['tokens_per_s'])} against {f(fs['tokens_per_s'])} "
-            f"tokens/s"),
-        (B, f"its answers are about as long as `ar`'s ({gs['new_tokens']:,} tokens against {ms['ar']['new_tokens']:,}; "
-            f"FLy's {fs['new_tokens']:,}"),
-        (B, f"the wall-clock speedup over the same problems is {f(gs['speedup'])}x ({f(gs['speedup_ci95'][0])}-"
-            f"{f(gs['speedup_ci95'][1])}) against FLy's {f(fs['speedup'])}x"),
-        (B, f"{words.get(len(back), len(back))} of FLy's ten losses come back, all six of the copy class among "
-            f"them; the two it still loses ({', '.join(q for q in lost[guard])}) come from deferrals"
-            if len(lost["fly-mla"]) == 10 and len(lost[guard]) == 2 else "the lost answers have changed"),
-        (B, f"the guard refused {gg['fly_copy_rejects']} deferrals in {gg['prompts']} problems and changed little: "
-            f"{gr['ar_right_method_wrong']} answer lost and {gr['ar_wrong_method_right']} gained against `ar` (FLy: "
-            f"{keep['ar_right_method_wrong']} and {keep['ar_wrong_method_right']})"),
-        (B, f"restates as often as `ar` ({mg_open[guard]['restates']} of {mg_open[guard]['scored']}) and loses "
-            f"{gm['ar_right_method_wrong']} answers where FLy lost {mg['ar_right_method_wrong']}"),
-        (R, f"FLy's copy guard (`--fly-copy-guard 4`, a labeled lossy variant, off by default) lost "
-            f"{gm['ar_right_method_wrong']} and gained {gm['ar_wrong_method_right']} on the same problems (recovery "
-            f"{f(gm['recovery'])}, 95% interval {f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])})"),
-        (R, f"grounding alone does not separate the steps the target prefers here (AUC "
-            f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})"),
-        # vLLM, batch of one, GSM8K
-        (B, f"`vllm-draft` runs at {f(g['vllm-draft']['speedup'])}x of `vllm-ar`, `vllm-fly` at "
-            f"{f(g['vllm-fly']['speedup'])}x, `vllm-ngram` at {f(g['vllm-ngram']['speedup'])}x."),
-        (B, f"in its prompt (acceptance {f(g['vllm-ngram']['acceptance_rate'])})"),
-        (B, f"Mean accepted length {f(g['vllm-fly']['mean_accepted_length'])} with `vllm-fly` (k = 15) against "
-            f"{f(g['vllm-draft']['mean_accepted_length'])} for `vllm-draft` (k = 5); at equal k = 15 the integration "
-            f"test measured {fly_len} against {exact_len}"),
-        (B, f"drafting 15 tokens per step here: {f(g['vllm-fly']['tokens_per_s'])} against "
-            f"{f(g['vllm-draft']['tokens_per_s'])} tokens/s."),
-        (B, f"every method answered the same {right(g['vllm-ar'])} of 3 problems (recovery "
-            f"{f(g['vllm-fly']['recovery'])})"),
-        (B, f"(identical to `vllm-ar`: {f(g['vllm-fly']['identical_to_ar'])}; lossy)"),
-        (B, f"vLLM without speculation ({f(g['vllm-ar']['tokens_per_s'])} tokens/s) is about as fast as the "
-            f"transformers engine's `ar` ({f(g['ar']['tokens_per_s'])})"),
-        # vLLM, batch of one, HumanEval
-        (B, f"`vllm-draft` {f(h['vllm-draft']['speedup'])}x, `vllm-fly` {f(h['vllm-fly']['speedup'])}x, "
-            f"`vllm-ngram` {f(h['vllm-ngram']['speedup'])}x of `vllm-ar`."),
-        (B, f"FLy's mean accepted length is {f(h['vllm-fly']['mean_accepted_length'])} of at most 16 per step "
-            f"(k = 15), `vllm-draft`'s {f(h['vllm-draft']['mean_accepted_length'])} of 6."),
-        (B, f"(ar right, method wrong: {h['vllm-fly']['ar_right_method_wrong']}; recovery "
-            f"{f(h['vllm-fly']['recovery'])})"),
-        (B, f"(accuracy interval {f(h['vllm-fly']['accuracy_ci95'][0])} to {f(h['vllm-fly']['accuracy_ci95'][1])})"),
-        # vLLM under load
-        (B, f"delivers {f(load['vllm-ar']['throughput_tokens_per_s'])} tokens/s with 8 requests in flight "
-            f"({f(g['vllm-ar']['tokens_per_s'])} one request at a time on the first 3 problems, above); `vllm-draft` "
-            f"{f(load['vllm-draft']['throughput_tokens_per_s'])} and `vllm-fly` "
-            f"{f(load['vllm-fly']['throughput_tokens_per_s'])}."),
-        (B, f"under load ({f(load['vllm-fly']['mean_accepted_length'])}, k = 15) is what it was one request at a "
-            f"time ({f(g['vllm-fly']['mean_accepted_length'])} on the first 3 problems)"),
-        (B, f"Accuracy is the same {right(load['vllm-ar'])} of 8 for every method (recovery "
-            f"{f(load['vllm-fly']['recovery'])})"),
-        (B, f"(acceptance {f(load['vllm-draft']['acceptance_rate'])} for `vllm-draft`, "
-            f"{f(load['vllm-fly']['acceptance_rate'])} for `vllm-fly`, against "
-            f"{f(g['vllm-draft']['acceptance_rate'])} and {f(g['vllm-fly']['acceptance_rate'])} one request at a time)"),
-        # docs/vllm.md's status table
-        (V, f"mean accepted length {exact_len} (vLLM's verification) vs {fly_len} (FLy,"),
-        (V, f"FLy raises the mean accepted length ({f(g['vllm-fly']['mean_accepted_length'])} on GSM8K, "
-            f"{f(h['vllm-fly']['mean_accepted_length'])} on HumanEval, k = 15)"),
-        (V, f"server throughput {f(load['vllm-ar']['throughput_tokens_per_s'])} (`vllm-ar`), "
-            f"{f(load['vllm-draft']['throughput_tokens_per_s'])} (`vllm-draft`), "
-            f"{f(load['vllm-fly']['throughput_tokens_per_s'])} (`vllm-fly`) tokens/s; FLy's mean accepted length "
-            f"{f(load['vllm-fly']['mean_accepted_length'])}, as for one request; same accuracy "
-            f"({right(load['vllm-ar'])} of 8) for all."),
-        # methods measured by benchmarks/speed.py, quoted in BENCHMARKS.md
-        (B, f"`exact-model` {f(lossless['exact-model']['speedup'])}x, mean accepted length "
-            f"{f(lossless['exact-model']['mean_accepted_length'])}, all outputs identical to `ar`."),
-        (B, f"`results/specguard_gsm8k.json`: {f(sg['specguard']['speedup'])}x, mean accepted length "
-            f"{f(sg['specguard']['mean_accepted_length'])}, {round(sg['specguard']['accuracy'] * 3)} of 3 correct "
-            f"(`ar` {round(sg['ar']['accuracy'] * 3)} of 3)."),
-        # drafts with another tokenizer
-        (B, f"(mean accepted length {f(xtok['humaneval', qwen]['exact-model']['mean_accepted_length'])} with "
-            f"`exact`), Gemma 270M next ({f(xtok['humaneval', gemma]['exact-model']['mean_accepted_length'])}), "
-            f"SmolLM2-135M last ({f(xtok['humaneval', smol]['exact-model']['mean_accepted_length'])})"),
-        (B, f"SmolLM2 with `exact` is {f(xtok['humaneval', smol]['exact-model']['speedup'])}x on HumanEval and "
-            f"{f(xtok['mtbench', smol]['exact-model']['speedup'])}x on `mt_bench`, the Qwen 0.5B "
-            f"{f(xtok['humaneval', qwen]['exact-model']['speedup'])}x and "
-            f"{f(xtok['mtbench', qwen]['exact-model']['speedup'])}x, Gemma "
-            f"{f(xtok['humaneval', gemma]['exact-model']['speedup'])}x and "
-            f"{f(xtok['mtbench', gemma]['exact-model']['speedup'])}x"),
-    ] + _fly_calibration_sentences(B)
+    return (
+        he_sentences
+        + [
+            # the lost answers, read (BENCHMARKS.md "The answers a lossy method lost, read")
+            (
+                B,
+                f"Of the {len(read)} lost answers on GSM8K, NIAH and MGSM "
+                + ("none is a repetition loop" if not loops else f"{loops} are repetition loops"),
+            ),
+            (B, f"{small.get(trunc, trunc).capitalize()} ran to the token budget: mgsm/ja/40"),
+            (B, f"SpecGuard's {small.get(sg_steps, sg_steps)} accepted draft steps that went wrong"),
+            (
+                B,
+                f"On GSM8K SpecGuard lost {sk['ar_right_method_wrong']} answers and gained {sk['ar_wrong_method_right']} "
+                f"(recovery {f(sk['recovery'])}, 95% interval {f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])}): "
+                "not decided either"
+                if sk["verdict"].startswith("not decided")
+                else "SpecGuard's verdict has changed",
+            ),
+            # SpecGuard's calibration (results/calibration/specguard.json)
+            (
+                R,
+                f"(sg_confidence {c['sg_confidence']}, sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']}) come from `make "
+                f"calibrate-specguard`: the target writes every step of the first {cal['problems']} problems of GSM8K's "
+                f"*train* split",
+            ),
+            (R, f"scored, {cal['steps']} steps, default pair in int8."),
+            (
+                R,
+                f"separates it best (AUC {f(auc, '.3f')}), and tau accepts the share of steps the target prefers "
+                f"({f(100 * cal['prefers'], '.1f')}%).",
+            ),
+            (
+                R,
+                f"(AUC {f(auc, '.3f')} at beta {c['sg_beta']}, min's best {f(cal['best']['min']['auc_target_prefers'], '.3f')};",
+            ),
+            (
+                R,
+                f"beta {c['sg_beta']} and tau {c['sg_tau']}, calibrated on GSM8K's train split (`make calibrate-specguard`: "
+                f"{cal['problems']} problems, {cal['steps']} steps)",
+            ),
+            (
+                B,
+                "The old defaults (min, beta 0.3) scored S well below C alone (AUC "
+                + f(
+                    next(
+                        g["auc_target_prefers"]
+                        for g in cal["grid"]
+                        if (g["sg_confidence"], g["sg_beta"]) == ("min", 0.3)
+                    ),
+                    ".3f",
+                )
+                + " against the target's preference",
+            ),
+            (B, f"target (step acceptance {f(ev['specguard']['step_accept_rate'])}: most steps are rejected)"),
+            # README's headline numbers: the GSM8K evidence run
+            (R, f"EVID_GSM8K_N={ev['ar']['prompts']}`): the first {ev['ar']['prompts']} GSM8K test problems"),
+            (
+                R,
+                f"Lossless `exact-mla` runs at {f(ev['exact-mla']['speedup'])}x of `ar` (95% interval "
+                f"{f(ev['exact-mla']['speedup_ci95'][0])}-{f(ev['exact-mla']['speedup_ci95'][1])}) with every output "
+                f"identical to `ar`'s"
+                if ev["exact-mla"]["identical_to_ar"] == 1
+                else "exact-mla is not identical to ar",
+            ),
+            (
+                R,
+                f"FLy (`fly-mla`, lossy) at {f(ev['fly-mla']['speedup'])}x ({f(ev['fly-mla']['speedup_ci95'][0])}-"
+                f"{f(ev['fly-mla']['speedup_ci95'][1])}) with accuracy recovery {f(keep['recovery'])} (95% interval "
+                f"{f(keep['recovery_ci95'][0])}-{f(keep['recovery_ci95'][1])}; {keep['ar_right_method_wrong']} answers "
+                f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither",
+            ),
+            (
+                R,
+                f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x ({sk['ar_right_method_wrong']} answers lost, "
+                f"{sk['ar_wrong_method_right']} gained): slower",
+            ),
+            # "Does FLy keep accuracy?", per set
+            (
+                B,
+                "Per set, for FLy as published (`fly-mla`, greedy): "
+                + ", ".join(
+                    f"{label} (n = {k['scored']}) " + ("recovery " if label == "GSM8K" else "") + f"{f(k['recovery'])} "
+                    f"({f(k['recovery_ci95'][0])}-{f(k['recovery_ci95'][1])})"
+                    for label, k in per_set.items()
+                )
+                + ". On none of "
+                "them is the answer decided"
+                if all(k["verdict"].startswith("not decided") for k in per_set.values())
+                else "a FLy verdict has been decided",
+            ),
+            (
+                B,
+                f"MATH-500, against it: {f(msg['recovery'])} ({f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}), "
+                f"{msg['ar_right_method_wrong']} answers lost and none gained; on GSM8K it is not ({f(sk['recovery'])}, "
+                f"{f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])})",
+            ),
+            # MATH-500 (README's measured paragraph and BENCHMARKS.md below its tables)
+            (
+                B,
+                f"it deferred {math_ident['fly_deferred']} times in {math_ident['prompts']} problems (`fly_deferred` in the "
+                f"run's `summary.json`; {ev['fly-mla']['fly_deferred']} times in GSM8K's {ev['fly-mla']['prompts']} and "
+                f"{fs['fly_deferred']} in MGSM's {fs['prompts']}",
+            ),
+            (B, f"chose short drafts (mean accepted length {f(math_ident['mean_accepted_length'])})"),
+            (
+                R,
+                f"On the first {mf['scored']} MATH-500 problems FLy lost "
+                f"{'no answer' if not mf['ar_right_method_wrong'] else mf['ar_right_method_wrong']} ({f(mf['speedup'])}x) and "
+                f"SpecGuard lost {msg['ar_right_method_wrong']}, gained {msg['ar_wrong_method_right']} (recovery "
+                f"{f(msg['recovery'])}, 95% interval {f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}: a decided "
+                f"loss)"
+                if msg["verdict"] == "lost"
+                else "SpecGuard's MATH-500 verdict has changed",
+            ),
+            (
+                B,
+                f"SpecGuard lost {msg['ar_right_method_wrong']} answers and gained {msg['ar_wrong_method_right']}: with "
+                f"n = {msg['scored']} its recovery interval ({f(msg['recovery_ci95'][0])}-{f(msg['recovery_ci95'][1])}) "
+                f"lies below 0.99 and the exact McNemar test gives p = {msg['mcnemar_p']:.2g}",
+            ),
+            (
+                B,
+                f"FLy lost no answer and gained none on these {mf['scored']} (recovery {f(mf['recovery'])}, 95% interval "
+                f"{f(mf['recovery_ci95'][0])}-{f(mf['recovery_ci95'][1])}: not decided); "
+                f"{round(math_ident['identical_to_ar'] * math_ident['prompts'])} of its {math_ident['prompts']} outputs"
+                if mf["ar_right_method_wrong"] == mf["ar_wrong_method_right"] == 0
+                and mf["verdict"].startswith("not decided")
+                else "FLy's MATH-500 answers have changed",
+            ),
+            (
+                R,
+                f"FLy runs at {f(mg['speedup'])}x with recovery {f(mg['recovery'])} (95% interval "
+                f"{f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}; {mg['ar_right_method_wrong']} answers lost, "
+                f"{mg['ar_wrong_method_right']} gained): not decided either",
+            ),
+            # the MGSM lost answers and openings, read (BENCHMARKS.md "The answers a lossy method lost, read")
+            (
+                B,
+                f"FLy lost {mg['ar_right_method_wrong']} answers and gained {mg['ar_wrong_method_right']} (recovery "
+                f"{f(mg['recovery'])}, 95% interval {f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}, McNemar p "
+                f"{mg['mcnemar_p']:.3g}): the clearest sign so far",
+            ),
+            (
+                B,
+                f"open by restating the question in {mg_open['fly-mla']['restates']} of {mg_open['fly-mla']['scored']} "
+                f"problems against `ar`'s {mg_open['ar']['restates']}, and there such answers are right less often (`ar`: "
+                f"{f(mg_open['ar']['accuracy_restating'])} against {f(mg_open['ar']['accuracy_other'])})",
+            ),
+            (
+                B,
+                f"the association is the other way round ({f(gsm_open['ar']['accuracy_restating'])} against "
+                f"{f(gsm_open['ar']['accuracy_other'])} for `ar`)",
+            ),
+            # FLy's copy guard on MGSM
+            (
+                B,
+                f"the guard lost {gm['ar_right_method_wrong']} answers and gained {gm['ar_wrong_method_right']} (accuracy "
+                f"{f(gs['accuracy'])} against `ar`'s {f(gs['ar_accuracy'])}, recovery {f(gm['recovery'])}, 95% interval "
+                f"{f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])}; FLy without it: {mg['ar_right_method_wrong']} "
+                f"lost, {mg['ar_wrong_method_right']} gained, accuracy {f(fs['accuracy'])})",
+            ),
+            (
+                B,
+                f"{round(gs['identical_to_ar'] * gs['prompts'])} of {gs['prompts']} outputs are `ar`'s token for token "
+                f"({round(fs['identical_to_ar'] * fs['prompts'])} without the guard)",
+            ),
+            (
+                B,
+                f"It took back {gs['fly_copy_rejects']} deferrals (`fly_copy_rejects` in the run's `summary.json`) and "
+                f"let {gs['fly_deferred']} stand, where FLy without it deferred {fs['fly_deferred']} times",
+            ),
+            (
+                B,
+                f"its mean accepted length is {f(gs['mean_accepted_length'])} against FLy's "
+                f"{f(fs['mean_accepted_length'])} and its rate {f(gs['tokens_per_s'])} against {f(fs['tokens_per_s'])} "
+                f"tokens/s",
+            ),
+            (
+                B,
+                f"its answers are about as long as `ar`'s ({gs['new_tokens']:,} tokens against {ms['ar']['new_tokens']:,}; "
+                f"FLy's {fs['new_tokens']:,}",
+            ),
+            (
+                B,
+                f"the wall-clock speedup over the same problems is {f(gs['speedup'])}x ({f(gs['speedup_ci95'][0])}-"
+                f"{f(gs['speedup_ci95'][1])}) against FLy's {f(fs['speedup'])}x",
+            ),
+            (
+                B,
+                f"{words.get(len(back), len(back))} of FLy's ten losses come back, all six of the copy class among "
+                f"them; the two it still loses ({', '.join(q for q in lost[guard])}) come from deferrals"
+                if len(lost["fly-mla"]) == 10 and len(lost[guard]) == 2
+                else "the lost answers have changed",
+            ),
+            (
+                B,
+                f"the guard refused {gg['fly_copy_rejects']} deferrals in {gg['prompts']} problems and changed little: "
+                f"{gr['ar_right_method_wrong']} answer lost and {gr['ar_wrong_method_right']} gained against `ar` (FLy: "
+                f"{keep['ar_right_method_wrong']} and {keep['ar_wrong_method_right']})",
+            ),
+            (
+                B,
+                f"restates as often as `ar` ({mg_open[guard]['restates']} of {mg_open[guard]['scored']}) and loses "
+                f"{gm['ar_right_method_wrong']} answers where FLy lost {mg['ar_right_method_wrong']}",
+            ),
+            (
+                R,
+                f"FLy's copy guard (`--fly-copy-guard 4`, a labeled lossy variant, off by default) lost "
+                f"{gm['ar_right_method_wrong']} and gained {gm['ar_wrong_method_right']} on the same problems (recovery "
+                f"{f(gm['recovery'])}, 95% interval {f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])})",
+            ),
+            (
+                R,
+                f"grounding alone does not separate the steps the target prefers here (AUC "
+                f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})",
+            ),
+            # vLLM, batch of one, GSM8K
+            (
+                B,
+                f"`vllm-draft` runs at {f(g['vllm-draft']['speedup'])}x of `vllm-ar`, `vllm-fly` at "
+                f"{f(g['vllm-fly']['speedup'])}x, `vllm-ngram` at {f(g['vllm-ngram']['speedup'])}x.",
+            ),
+            (B, f"in its prompt (acceptance {f(g['vllm-ngram']['acceptance_rate'])})"),
+            (
+                B,
+                f"Mean accepted length {f(g['vllm-fly']['mean_accepted_length'])} with `vllm-fly` (k = 15) against "
+                f"{f(g['vllm-draft']['mean_accepted_length'])} for `vllm-draft` (k = 5); at equal k = 15 the integration "
+                f"test measured {fly_len} against {exact_len}",
+            ),
+            (
+                B,
+                f"drafting 15 tokens per step here: {f(g['vllm-fly']['tokens_per_s'])} against "
+                f"{f(g['vllm-draft']['tokens_per_s'])} tokens/s.",
+            ),
+            (
+                B,
+                f"every method answered the same {right(g['vllm-ar'])} of 3 problems (recovery "
+                f"{f(g['vllm-fly']['recovery'])})",
+            ),
+            (B, f"(identical to `vllm-ar`: {f(g['vllm-fly']['identical_to_ar'])}; lossy)"),
+            (
+                B,
+                f"vLLM without speculation ({f(g['vllm-ar']['tokens_per_s'])} tokens/s) is about as fast as the "
+                f"transformers engine's `ar` ({f(g['ar']['tokens_per_s'])})",
+            ),
+            # vLLM, batch of one, HumanEval
+            (
+                B,
+                f"`vllm-draft` {f(h['vllm-draft']['speedup'])}x, `vllm-fly` {f(h['vllm-fly']['speedup'])}x, "
+                f"`vllm-ngram` {f(h['vllm-ngram']['speedup'])}x of `vllm-ar`.",
+            ),
+            (
+                B,
+                f"FLy's mean accepted length is {f(h['vllm-fly']['mean_accepted_length'])} of at most 16 per step "
+                f"(k = 15), `vllm-draft`'s {f(h['vllm-draft']['mean_accepted_length'])} of 6.",
+            ),
+            (
+                B,
+                f"(ar right, method wrong: {h['vllm-fly']['ar_right_method_wrong']}; recovery "
+                f"{f(h['vllm-fly']['recovery'])})",
+            ),
+            (
+                B,
+                f"(accuracy interval {f(h['vllm-fly']['accuracy_ci95'][0])} to {f(h['vllm-fly']['accuracy_ci95'][1])})",
+            ),
+            # vLLM under load
+            (
+                B,
+                f"delivers {f(load['vllm-ar']['throughput_tokens_per_s'])} tokens/s with 8 requests in flight "
+                f"({f(g['vllm-ar']['tokens_per_s'])} one request at a time on the first 3 problems, above); `vllm-draft` "
+                f"{f(load['vllm-draft']['throughput_tokens_per_s'])} and `vllm-fly` "
+                f"{f(load['vllm-fly']['throughput_tokens_per_s'])}.",
+            ),
+            (
+                B,
+                f"under load ({f(load['vllm-fly']['mean_accepted_length'])}, k = 15) is what it was one request at a "
+                f"time ({f(g['vllm-fly']['mean_accepted_length'])} on the first 3 problems)",
+            ),
+            (
+                B,
+                f"Accuracy is the same {right(load['vllm-ar'])} of 8 for every method (recovery "
+                f"{f(load['vllm-fly']['recovery'])})",
+            ),
+            (
+                B,
+                f"(acceptance {f(load['vllm-draft']['acceptance_rate'])} for `vllm-draft`, "
+                f"{f(load['vllm-fly']['acceptance_rate'])} for `vllm-fly`, against "
+                f"{f(g['vllm-draft']['acceptance_rate'])} and {f(g['vllm-fly']['acceptance_rate'])} one request at a time)",
+            ),
+            # docs/vllm.md's status table
+            (V, f"mean accepted length {exact_len} (vLLM's verification) vs {fly_len} (FLy,"),
+            (
+                V,
+                f"FLy raises the mean accepted length ({f(g['vllm-fly']['mean_accepted_length'])} on GSM8K, "
+                f"{f(h['vllm-fly']['mean_accepted_length'])} on HumanEval, k = 15)",
+            ),
+            (
+                V,
+                f"server throughput {f(load['vllm-ar']['throughput_tokens_per_s'])} (`vllm-ar`), "
+                f"{f(load['vllm-draft']['throughput_tokens_per_s'])} (`vllm-draft`), "
+                f"{f(load['vllm-fly']['throughput_tokens_per_s'])} (`vllm-fly`) tokens/s; FLy's mean accepted length "
+                f"{f(load['vllm-fly']['mean_accepted_length'])}, as for one request; same accuracy "
+                f"({right(load['vllm-ar'])} of 8) for all.",
+            ),
+            # methods measured by benchmarks/speed.py, quoted in BENCHMARKS.md
+            (
+                B,
+                f"`exact-model` {f(lossless['exact-model']['speedup'])}x, mean accepted length "
+                f"{f(lossless['exact-model']['mean_accepted_length'])}, all outputs identical to `ar`.",
+            ),
+            (
+                B,
+                f"`results/specguard_gsm8k.json`: {f(sg['specguard']['speedup'])}x, mean accepted length "
+                f"{f(sg['specguard']['mean_accepted_length'])}, {round(sg['specguard']['accuracy'] * 3)} of 3 correct "
+                f"(`ar` {round(sg['ar']['accuracy'] * 3)} of 3).",
+            ),
+            # drafts with another tokenizer
+            (
+                B,
+                f"(mean accepted length {f(xtok['humaneval', qwen]['exact-model']['mean_accepted_length'])} with "
+                f"`exact`), Gemma 270M next ({f(xtok['humaneval', gemma]['exact-model']['mean_accepted_length'])}), "
+                f"SmolLM2-135M last ({f(xtok['humaneval', smol]['exact-model']['mean_accepted_length'])})",
+            ),
+            (
+                B,
+                f"SmolLM2 with `exact` is {f(xtok['humaneval', smol]['exact-model']['speedup'])}x on HumanEval and "
+                f"{f(xtok['mtbench', smol]['exact-model']['speedup'])}x on `mt_bench`, the Qwen 0.5B "
+                f"{f(xtok['humaneval', qwen]['exact-model']['speedup'])}x and "
+                f"{f(xtok['mtbench', qwen]['exact-model']['speedup'])}x, Gemma "
+                f"{f(xtok['humaneval', gemma]['exact-model']['speedup'])}x and "
+                f"{f(xtok['mtbench', gemma]['exact-model']['speedup'])}x",
+            ),
+        ]
+        + _fly_calibration_sentences(B)
+    )
 
 
 def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
@@ -325,14 +534,23 @@ def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
     c, ch = rep["confirmed"][first], rep["confirmed"][rep["chosen"]["name"]]
     exact = rep["confirmed"]["exact-default"]["tokens_per_s"]
     return [
-        (B, f"at most {top['gain']:.2f}x exact verification's tokens per round ({top['name']}), touching "
+        (
+            B,
+            f"at most {top['gain']:.2f}x exact verification's tokens per round ({top['name']}), touching "
             f"{top['touched']} of {top['problems']} problems; at the published theta and W ({paper['name']}), "
-            f"{paper['gain']:.2f}x, touching {paper['touched']} of {paper['problems']}"),
-        (B, f"the first setting tried ({first}) lost {c['lost']} answer and gained {c['gained']} (retention "
-            f"{c['retention']:.2f}), so the bisection went " + ("stricter" if not c["meets_bound"] else "looser")),
+            f"{paper['gain']:.2f}x, touching {paper['touched']} of {paper['problems']}",
+        ),
+        (
+            B,
+            f"the first setting tried ({first}) lost {c['lost']} answer and gained {c['gained']} (retention "
+            f"{c['retention']:.2f}), so the bisection went " + ("stricter" if not c["meets_bound"] else "looser"),
+        ),
         (B, f"the chosen {rep['chosen']['name']} lost {ch['lost']} and gained {ch['gained']}"),
-        (B, f"the chosen setting deferred {ch['deferrals']} times in {ch['rounds']} rounds ({ch['deferrable_rounds']} "
-            "long enough to defer)"),
+        (
+            B,
+            f"the chosen setting deferred {ch['deferrals']} times in {ch['rounds']} rounds ({ch['deferrable_rounds']} "
+            "long enough to defer)",
+        ),
         (B, f"rests on {ch['tokens_per_s'] / exact:.3f}x exact's tokens/s"),
     ]
 
@@ -365,18 +583,24 @@ def test_prose_below_the_generated_blocks_matches_them():
 
     def counts(s: str):
         table = dict(re.findall(r"^\| (int8|float32) \| (\d+/\d+) =", s, re.M))
-        only = re.search(r"right in int8 only: (\d+); right in float32 only: (\d+); exact McNemar p = (\d\.\d)\d*; "
-                         r"outputs identical token for token: (\d+)/(\d+)", s)
+        only = re.search(
+            r"right in int8 only: (\d+); right in float32 only: (\d+); exact McNemar p = (\d\.\d)\d*; "
+            r"outputs identical token for token: (\d+)/(\d+)",
+            s,
+        )
         return table, only.groups()
 
     p = "results/bench/precision/"
     (g, (g_i8, g_f32, g_p, g_same, g_n)), (h, (h_i8, h_f32, h_p, h_same, h_n)) = (
-        counts(compare(ROOT / f"{p}{s}-int8", ROOT / f"{p}{s}-float32")) for s in ("gsm8k", "humaneval"))
+        counts(compare(ROOT / f"{p}{s}-int8", ROOT / f"{p}{s}-float32")) for s in ("gsm8k", "humaneval")
+    )
     assert (g_i8, g_f32, g_p) == (h_i8, h_f32, h_p) and g_same == "0"  # the paragraph says "in each" and "none"
-    said = [f"int8 got {h['int8']} HumanEval and {g['int8']} GSM8K answers right, float32 {h['float32']} and "
-            f"{g['float32']}: in each set float32 alone got {g_f32} right and int8 alone {g_i8} (exact McNemar p = "
-            f"{g_p} in each)",
-            f"({h_same} of the {h_n} HumanEval outputs and none of the {g_n} GSM8K ones are token for token the same)"]
+    said = [
+        f"int8 got {h['int8']} HumanEval and {g['int8']} GSM8K answers right, float32 {h['float32']} and "
+        f"{g['float32']}: in each set float32 alone got {g_f32} right and int8 alone {g_i8} (exact McNemar p = "
+        f"{g_p} in each)",
+        f"({h_same} of the {h_n} HumanEval outputs and none of the {g_n} GSM8K ones are token for token the same)",
+    ]
     ratios = []
     for d in (ROOT / "results/bench/xtok").iterdir():
         rows = [r for r in ResultsFile(d / RESULTS).read() if r["method"] != "ar"] if (d / RESULTS).exists() else []

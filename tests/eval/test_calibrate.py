@@ -54,14 +54,25 @@ def test_target_preference_compares_the_candidate_with_the_targets_own_step():
 
 
 def step(g, cmin, cmean, agrees, gap, tokens=10):
-    return {"grounding": g, "confidence_min": cmin, "confidence_mean": cmean, "agrees": agrees,
-            "preference_gap": gap, "target_prefers": gap >= -0.1, "tokens": tokens}
+    return {
+        "grounding": g,
+        "confidence_min": cmin,
+        "confidence_mean": cmean,
+        "agrees": agrees,
+        "preference_gap": gap,
+        "target_prefers": gap >= -0.1,
+        "tokens": tokens,
+    }
 
 
 def test_analyse_picks_the_signal_that_separates_what_the_target_prefers():
     # C_mean orders the steps exactly as the target's preference, G the other way round
-    steps = [step(0.4, 0.2, 0.9, True, 0.0, 5), step(0.5, 0.9, 0.8, False, -0.05, 20),
-             step(0.6, 0.1, 0.3, False, -1.0, 8), step(0.8, 0.8, 0.2, False, -2.0, 30)]
+    steps = [
+        step(0.4, 0.2, 0.9, True, 0.0, 5),
+        step(0.5, 0.9, 0.8, False, -0.05, 20),
+        step(0.6, 0.1, 0.3, False, -1.0, 8),
+        step(0.8, 0.8, 0.2, False, -2.0, 30),
+    ]
     a = analyse(steps, beta=0.3)
     assert a["signals"]["C_mean"]["auc_target_prefers"] == 1.0
     assert a["signals"]["G"]["auc_target_prefers"] == 0.0 and a["signals"]["G"]["rho_preference_gap"] == -1.0
@@ -100,8 +111,9 @@ def test_calibration_set_is_disjoint_from_the_benchmarks():
 
 def test_calibrate_on_the_tiny_pair_labels_every_step_and_resumes(tiny_engine, tmp_path, monkeypatch):
     problems = [Problem(f"t/{i}", "t", f"Question {i}: what is {i} + {i}?", str(2 * i), {}) for i in range(2)]
-    cfg = DecodeConfig.create("specguard", None, has_draft_model=True, max_new_tokens=24, sg_candidates=2,
-                              sg_max_step_tokens=8)
+    cfg = DecodeConfig.create(
+        "specguard", None, has_draft_model=True, max_new_tokens=24, sg_candidates=2, sg_max_step_tokens=8
+    )
     steps_file = tmp_path / "cal.steps.jsonl"
     report = calibrate_specguard(tiny_engine, problems, cfg, progress=False, steps_file=steps_file)
     steps = report["steps"]
@@ -133,5 +145,8 @@ def test_specguard_defaults_are_the_committed_calibrations_choice():
     rep = json.loads((Path(__file__).resolve().parents[2] / "results/calibration/specguard.json").read_text())
     assert {s["problem"].split("/")[0] for s in rep["steps"]} == {"gsm8k-train"} and len(rep["steps"]) >= 200
     choice = analyse_report(rep)["choice"]
-    assert (knob_default("sg_confidence"), knob_default("sg_beta"), knob_default("sg_tau")) == \
-        (choice["sg_confidence"], choice["sg_beta"], choice["sg_tau"])
+    assert (knob_default("sg_confidence"), knob_default("sg_beta"), knob_default("sg_tau")) == (
+        choice["sg_confidence"],
+        choice["sg_beta"],
+        choice["sg_tau"],
+    )

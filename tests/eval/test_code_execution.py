@@ -32,6 +32,7 @@ def reply(code: str) -> str:
 
 # ------------------------------------------------------------------------------------ opt-in (item 1)
 
+
 def test_running_model_code_must_be_asked_for(he, monkeypatch):
     monkeypatch.delenv(scoring.CODE_EXECUTION_ENV, raising=False)
     with pytest.raises(LoosespecError, match="--allow-code-execution"):
@@ -112,7 +113,7 @@ def test_the_tests_never_run_in_the_programs_process(he):
     p = he[0]
     spy = reply(f"""
         import sys
-        def {p.meta['entry_point']}(*args, **kwargs):
+        def {p.meta["entry_point"]}(*args, **kwargs):
             frames, f = [], sys._getframe()
             while f is not None:
                 frames.append(f.f_code.co_name)
@@ -147,6 +148,7 @@ def test_objects_of_the_programs_own_classes_cross_as_handles():
 
 
 # ---------------------------------------------------------------------- harness failures (item 5)
+
 
 def test_a_sandbox_that_cannot_start_is_an_error_not_a_wrong_answer(he, monkeypatch):
     monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python3")

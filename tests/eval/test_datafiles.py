@@ -36,9 +36,20 @@ def _readme_table() -> dict[str, tuple[int, int, str]]:
 def test_shipped_files_match_their_readme():
     """Every shipped file is in the README's provenance table with its rows, size and sha256, and the reverse."""
     table = _readme_table()
-    assert set(table) == {p.name for p in DATA.glob("*.jsonl")} >= {
-        "gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "humaneval.jsonl", "spec_bench_question.jsonl",
-        "math500_test.jsonl", "mt_bench_question.jsonl", "mbpp.jsonl"}
+    assert (
+        set(table)
+        == {p.name for p in DATA.glob("*.jsonl")}
+        >= {
+            "gsm8k_test.jsonl",
+            "gsm8k_train.jsonl",
+            "mgsm.jsonl",
+            "humaneval.jsonl",
+            "spec_bench_question.jsonl",
+            "math500_test.jsonl",
+            "mt_bench_question.jsonl",
+            "mbpp.jsonl",
+        }
+    )
     for name, (rows, size, sha) in table.items():
         data = (DATA / name).read_bytes()
         assert (data.count(b"\n"), len(data), hashlib.sha256(data).hexdigest()) == (rows, size, sha), name
@@ -63,20 +74,40 @@ def test_every_set_loads_from_the_repository_alone(monkeypatch):
     without a shared/ folder beside it works), and only niah asks for its essays."""
     monkeypatch.delenv("LOOSESPEC_DATA")
     package = Path(datafiles.__file__).resolve().parent
-    for name in ("gsm8k_test.jsonl", "gsm8k_train.jsonl", "mgsm.jsonl", "math500_test.jsonl", "humaneval.jsonl",
-                 "spec_bench_question.jsonl", "mt_bench_question.jsonl", "mbpp.jsonl"):
+    for name in (
+        "gsm8k_test.jsonl",
+        "gsm8k_train.jsonl",
+        "mgsm.jsonl",
+        "math500_test.jsonl",
+        "humaneval.jsonl",
+        "spec_bench_question.jsonl",
+        "mt_bench_question.jsonl",
+        "mbpp.jsonl",
+    ):
         assert datafiles.data_file(name) == package / "data" / name
     assert datafiles.data_dir() == package / "data"
-    counts = {name: len(load_dataset(name, **({"lang": "all"} if name == "mgsm" else {})))
-              for name in DATASETS if name != "niah"}
-    assert counts == {"gsm8k": 1319, "gsm8k-train": 7473, "mgsm": 2750, "math500": 500, "humaneval": 164,
-                      "mbpp-train": 374, "specbench": 480, "mtbench": 80}
+    counts = {
+        name: len(load_dataset(name, **({"lang": "all"} if name == "mgsm" else {})))
+        for name in DATASETS
+        if name != "niah"
+    }
+    assert counts == {
+        "gsm8k": 1319,
+        "gsm8k-train": 7473,
+        "mgsm": 2750,
+        "math500": 500,
+        "humaneval": 164,
+        "mbpp-train": 374,
+        "specbench": 480,
+        "mtbench": 80,
+    }
     with pytest.raises(LoosespecError, match="paul_graham_essays.jsonl .* not shipped.*--data-dir"):
         load_dataset("niah")
 
 
 def test_data_dir_and_environment_override_file_by_file(tmp_path, monkeypatch):
     """--data-dir beats LOOSESPEC_DATA beats the shipped copy, for each file; a mistyped folder is an error."""
+
     def gsm8k_dir(folder, question):
         folder.mkdir()
         (folder / "gsm8k_test.jsonl").write_text(json.dumps({"question": question, "answer": "#### 7"}) + "\n")
@@ -101,8 +132,10 @@ def test_hub_alternative(monkeypatch):
     import sys
     import types
 
-    shipped = {n: [json.loads(line) for line in (DATA / n).read_text(encoding="utf-8").splitlines()]
-               for n in datafiles.HUB_SOURCES}
+    shipped = {
+        n: [json.loads(line) for line in (DATA / n).read_text(encoding="utf-8").splitlines()]
+        for n in datafiles.HUB_SOURCES
+    }
     by_source = {src: shipped[n] for n, src in datafiles.HUB_SOURCES.items()}
     calls = []
 
@@ -114,8 +147,11 @@ def test_hub_alternative(monkeypatch):
     monkeypatch.delenv("LOOSESPEC_DATA")
     for name in ("gsm8k", "humaneval", "math500"):
         assert load_dataset(name, directory="hub") == load_dataset(name), name
-    assert calls == [("openai/gsm8k", "main", "test"), ("openai/openai_humaneval", None, "test"),
-                     ("HuggingFaceH4/MATH-500", None, "test")]
+    assert calls == [
+        ("openai/gsm8k", "main", "test"),
+        ("openai/openai_humaneval", None, "test"),
+        ("HuggingFaceH4/MATH-500", None, "test"),
+    ]
     assert datafiles._hub_rows("gsm8k_train.jsonl") == shipped["gsm8k_train.jsonl"]
     monkeypatch.setenv("LOOSESPEC_DATA", "hub")  # the environment variable takes it too
     assert load_dataset("gsm8k", limit=2) == load_dataset("gsm8k", limit=2, directory=DATA)

@@ -33,9 +33,21 @@ CONFIG = {"dataset": "gsm8k", "max_new_tokens": 8, "target": None, "draft": None
 
 
 def row(qid, method, score, status=None, ids=(1, 2)):
-    r = {"question_id": qid, "category": "c", "method": method, "lossy": M.is_lossy(method), "wall_time": 1.0,
-         "token_ids": list(ids), "new_tokens": len(ids), "rounds": len(ids), "accept_lengths": [], "score": score,
-         "drafted_tokens": None, "accepted_tokens": None, "stats": {}}
+    r = {
+        "question_id": qid,
+        "category": "c",
+        "method": method,
+        "lossy": M.is_lossy(method),
+        "wall_time": 1.0,
+        "token_ids": list(ids),
+        "new_tokens": len(ids),
+        "rounds": len(ids),
+        "accept_lengths": [],
+        "score": score,
+        "drafted_tokens": None,
+        "accepted_tokens": None,
+        "stats": {},
+    }
     if status is not None:
         r["score_status"] = status
     return r
@@ -55,8 +67,18 @@ def stub_generation(monkeypatch):
 
 
 def bench(out, scorer, methods=("ar", "exact-ngram")):
-    return H.run_bench(None, PROBLEMS, list(methods), out, dataset="toy", settings={"max_new_tokens": 8},
-                       encode=lambda p: p.prompt, scorer=scorer, model_id="m", progress=False)
+    return H.run_bench(
+        None,
+        PROBLEMS,
+        list(methods),
+        out,
+        dataset="toy",
+        settings={"max_new_tokens": 8},
+        encode=lambda p: p.prompt,
+        scorer=scorer,
+        model_id="m",
+        progress=False,
+    )
 
 
 def lines(out: Path) -> list[str]:
@@ -95,10 +117,16 @@ def test_a_scoring_failure_is_stored_as_no_answer_and_a_timeout_stays_wrong(tmp_
 
 
 def test_the_summary_leaves_error_rows_out_of_accuracy_and_counts_them(tmp_path):
-    rows = [row("q1", "ar", True, "right"), row("q2", "ar", True, "right"), row("q3", "ar", False, "wrong"),
-            row("q4", "ar", True),  # written before score_status: read from score
-            row("q1", "fly-ngram", None, "error"), row("q2", "fly-ngram", True, "right"),
-            row("q3", "fly-ngram", True, "right"), row("q4", "fly-ngram", False)]
+    rows = [
+        row("q1", "ar", True, "right"),
+        row("q2", "ar", True, "right"),
+        row("q3", "ar", False, "wrong"),
+        row("q4", "ar", True),  # written before score_status: read from score
+        row("q1", "fly-ngram", None, "error"),
+        row("q2", "fly-ngram", True, "right"),
+        row("q3", "fly-ngram", True, "right"),
+        row("q4", "fly-ngram", False),
+    ]
     fly = S.summarize(rows)["methods"]["fly-ngram"]
     assert fly["prompts"] == 4  # speed still counts the row
     assert fly["scored"] == 3 and fly["score_errors"] == 1
@@ -146,8 +174,10 @@ def test_a_resumed_run_scores_failed_rows_again_from_their_outputs(tmp_path, stu
 # --- 6. one run per folder; a repeated pair counts once ----------------------------------------------
 
 
-HOLDER = ("import sys, time; from loosespec.eval import results as R; lock = R.RunLock(sys.argv[1]).acquire(); "
-          "print('locked', flush=True); time.sleep(120)")
+HOLDER = (
+    "import sys, time; from loosespec.eval import results as R; lock = R.RunLock(sys.argv[1]).acquire(); "
+    "print('locked', flush=True); time.sleep(120)"
+)
 
 
 @pytest.fixture
@@ -155,8 +185,9 @@ def held(tmp_path):
     """Another process holding tmp_path/run's lock."""
     out = tmp_path / "run"
     out.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline()
     assert line.strip() == "locked", proc.stderr.read()
     yield out, proc
@@ -187,9 +218,17 @@ def test_a_second_run_on_a_locked_folder_fails_at_once_naming_it_and_the_holder(
 def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, stub_generation):
     out = tmp_path / "run"
     with R.open_run(out, CONFIG) as run:
-        probe = subprocess.run([sys.executable, "-c", "import sys; from loosespec.eval import results as R; "
-                                "print(R.RunLock(sys.argv[1]).try_acquire())", str(out)],
-                               capture_output=True, text=True, timeout=120)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from loosespec.eval import results as R; print(R.RunLock(sys.argv[1]).try_acquire())",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert probe.stdout.strip() == "False", probe.stderr[-2000:]
         bench(out, lambda p, t: True)  # uses the lock this process holds
         assert run.held
@@ -197,8 +236,12 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, stub_ge
 
 
 def test_the_summary_counts_a_repeated_pair_once_and_says_how_many(tmp_path):
-    rows = [row("q1", "ar", True, "right"), row("q2", "ar", False, "wrong"),
-            row("q1", "fly-ngram", True, "right"), row("q2", "fly-ngram", False, "wrong")]
+    rows = [
+        row("q1", "ar", True, "right"),
+        row("q2", "ar", False, "wrong"),
+        row("q1", "fly-ngram", True, "right"),
+        row("q2", "fly-ngram", False, "wrong"),
+    ]
     twice = rows + [row("q1", "fly-ngram", False, "wrong"), row("q2", "ar", True, "right")]  # a second run's rows
     with pytest.warns(UserWarning, match="2 repeated"):
         s = S.summarize(twice)
@@ -255,8 +298,8 @@ def test_only_the_run_holding_the_lock_repairs_a_torn_last_line(tmp_path, held):
     with pytest.warns(UserWarning, match="dropped a torn last line 3"):
         run = R.open_run(out, CONFIG)
     assert [r["question_id"] for r in run.rows] == ["q1", "q1"]
-    assert (out / R.RESULTS).read_bytes() == data[:data.rindex(b"\n") + 1]
-    assert (out / (R.RESULTS + ".corrupt")).read_bytes() == data[data.rindex(b"\n") + 1:] + b"\n"
+    assert (out / R.RESULTS).read_bytes() == data[: data.rindex(b"\n") + 1]
+    assert (out / (R.RESULTS + ".corrupt")).read_bytes() == data[data.rindex(b"\n") + 1 :] + b"\n"
     run.release()
 
 
@@ -275,8 +318,11 @@ def test_report_leaves_summary_and_plots_to_the_run_writing_the_folder(held):
 def test_a_torn_config_json_is_a_clear_error_naming_it(tmp_path):
     (tmp_path / R.CONFIG).write_text('{"dataset": "gsm8k", "max_new_tok')
     (tmp_path / R.RESULTS).write_text(json.dumps(row("q1", "ar", True)) + "\n")
-    for call in (lambda: R.check_config(tmp_path, CONFIG), lambda: RP.report(tmp_path, draw=False),
-                 lambda: R.open_run(tmp_path, CONFIG)):
+    for call in (
+        lambda: R.check_config(tmp_path, CONFIG),
+        lambda: RP.report(tmp_path, draw=False),
+        lambda: R.open_run(tmp_path, CONFIG),
+    ):
         with pytest.raises(LoosespecError) as e:
             call()
         assert str(tmp_path / R.CONFIG) in str(e.value) and "damaged" in str(e.value) and "\n" not in str(e.value)
@@ -349,11 +395,19 @@ def test_each_run_records_its_provenance_and_a_resume_still_matches(tmp_path, mo
     target = one["models"]["target"]
     assert target["kind"] == "local"
     assert target["files"]["model.safetensors"] == hashlib.sha256(b"weights").hexdigest()
-    assert one["models"]["draft"] == {"spec": "someone/some-model", "kind": "hub", "revision": None,
-                                      "requested_revision": None}
+    assert one["models"]["draft"] == {
+        "spec": "someone/some-model",
+        "kind": "hub",
+        "revision": None,
+        "requested_revision": None,
+    }
     shipped = datafiles.data_file("gsm8k_test.jsonl")
-    assert one["data_files"] == {"gsm8k_test.jsonl": {"path": str(Path(shipped).resolve()),
-                                                      "sha256": hashlib.sha256(Path(shipped).read_bytes()).hexdigest()}}
+    assert one["data_files"] == {
+        "gsm8k_test.jsonl": {
+            "path": str(Path(shipped).resolve()),
+            "sha256": hashlib.sha256(Path(shipped).read_bytes()).hexdigest(),
+        }
+    }
     assert {r["run_id"] for r in R.ResultsFile(out / R.RESULTS).read()} == {first.run_id}  # each row names its run
     with pytest.raises(LoosespecError, match="max_new_tokens: 8 there, 9 now"):  # the settings still are compared
         R.open_run(out, {**config, "max_new_tokens": 9})

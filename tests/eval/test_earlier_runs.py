@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def section_tables(text: str | None = None) -> list[list[list[str]]]:
     text = text if text is not None else (ROOT / "BENCHMARKS.md").read_text()
-    body = text[text.index("## Earlier runs"):]
-    body = body[:body.index("\n## ", 1)]
+    body = text[text.index("## Earlier runs") :]
+    body = body[: body.index("\n## ", 1)]
     tables, cur = [], []
     for line in body.splitlines() + [""]:
         if line.startswith("|"):
@@ -91,11 +91,22 @@ def test_specguard_table_matches_its_rows():
     for label, speedup, tps, tau, fwd, correct, step in section_tables()[2]:
         f = figures(rows, method_of(label))
         assert [speedup, tps, tau, fwd, correct, step] == [
-            f["speedup"], f["tok/s"], f["tau"], f["target_forwards"], f["correct"], f["step_accept"]], label
+            f["speedup"],
+            f["tok/s"],
+            f["tau"],
+            f["target_forwards"],
+            f["correct"],
+            f["step_accept"],
+        ], label
 
 
-@pytest.mark.parametrize("typed,fault", [("| exact-ngram | 1.09x | 2.13 | 5.11 |", "| exact-ngram | 1.10x | 2.13 | 5.11 |"),
-                                         ("| exact-ngram | 1.09x | 2.13 | 5.11 |", "| exact-ngram | 1.09x | 2.13 | 5.12 |")])
+@pytest.mark.parametrize(
+    "typed,fault",
+    [
+        ("| exact-ngram | 1.09x | 2.13 | 5.11 |", "| exact-ngram | 1.10x | 2.13 | 5.11 |"),
+        ("| exact-ngram | 1.09x | 2.13 | 5.11 |", "| exact-ngram | 1.09x | 2.13 | 5.12 |"),
+    ],
+)
 def test_a_changed_figure_is_caught(typed, fault):
     text = (ROOT / "BENCHMARKS.md").read_text()
     assert typed in text

@@ -15,10 +15,23 @@ from loosespec.eval import stats as S
 
 
 def row(qid, method, ids, score, output=None, stats=None, answer="18"):
-    return {"question_id": qid, "category": "gsm8k", "method": method, "lossy": M.is_lossy(method),
-            "wall_time": 1.0, "token_ids": ids, "new_tokens": len(ids), "rounds": len(ids), "accept_lengths": [],
-            "score": score, "drafted_tokens": None, "accepted_tokens": None, "stats": stats or {},
-            "output": output if output is not None else " ".join(map(str, ids)), "answer": answer}
+    return {
+        "question_id": qid,
+        "category": "gsm8k",
+        "method": method,
+        "lossy": M.is_lossy(method),
+        "wall_time": 1.0,
+        "token_ids": ids,
+        "new_tokens": len(ids),
+        "rounds": len(ids),
+        "accept_lengths": [],
+        "score": score,
+        "drafted_tokens": None,
+        "accepted_tokens": None,
+        "stats": stats or {},
+        "output": output if output is not None else " ".join(map(str, ids)),
+        "answer": answer,
+    }
 
 
 def write(tmp_path, rows, budget=40, dataset="gsm8k"):
@@ -54,8 +67,14 @@ def test_classify_puts_each_lost_answer_in_the_first_class_that_fits():
     assert F.classify(ar, loop, 40)["loop_period"] == 2
     long = row("q", "fly-mla", list(range(100, 140)), False, stats={"fly_deferred": 1})
     assert F.classify(ar, long, 40)["class"] == "truncated at the budget"
-    deferred = row("q", "fly-mla", list(range(5)) + [99] * 3, False, output="Janet eats 4. The answer is 12.",
-                   stats={"fly_deferred": 1})
+    deferred = row(
+        "q",
+        "fly-mla",
+        list(range(5)) + [99] * 3,
+        False,
+        output="Janet eats 4. The answer is 12.",
+        stats={"fly_deferred": 1},
+    )
     c = F.classify(ar, deferred, 40, "gsm8k")
     assert c["class"] == "deferred mismatch" and c["diverged_at_token"] == 5
     assert (c["gold"], c["ar_answer"], c["method_answer"]) == ("18", "18", "12")
@@ -70,12 +89,18 @@ def test_classify_puts_each_lost_answer_in_the_first_class_that_fits():
 
 
 def test_failures_lists_only_answers_ar_had_right_and_a_lossy_method_wrong(tmp_path):
-    d = write(tmp_path, [
-        row("a", "ar", [1, 2, 3], True), row("a", "fly-mla", [1, 2, 4], False, stats={"fly_deferred": 1}),
-        row("a", "exact-mla", [1, 2, 3], True),
-        row("b", "ar", [1, 2, 3], False), row("b", "fly-mla", [1, 2, 5], False, stats={"fly_deferred": 1}),
-        row("c", "ar", [4, 5], True), row("c", "fly-mla", [4, 5], True),
-    ])
+    d = write(
+        tmp_path,
+        [
+            row("a", "ar", [1, 2, 3], True),
+            row("a", "fly-mla", [1, 2, 4], False, stats={"fly_deferred": 1}),
+            row("a", "exact-mla", [1, 2, 3], True),
+            row("b", "ar", [1, 2, 3], False),
+            row("b", "fly-mla", [1, 2, 5], False, stats={"fly_deferred": 1}),
+            row("c", "ar", [4, 5], True),
+            row("c", "fly-mla", [4, 5], True),
+        ],
+    )
     lost = F.failures(d)
     assert [(f["question_id"], f["method"], f["class"]) for f in lost] == [("a", "fly-mla", "deferred mismatch")]
     d2 = tmp_path / "order"
@@ -93,18 +118,27 @@ def test_openings_count_the_answers_that_restate_the_question(tmp_path):
 
     problems = load_dataset("gsm8k", 2)
     question = [p.prompt.split("\n\n")[-1] for p in problems]
-    rows = [row("gsm8k/0", "ar", [1], True, output="16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 18."),
-            row("gsm8k/0", "fly-mla", [2], False, output=question[0][:60] + " So 9 * 2 = 12. The answer is 12.",
-                stats={"fly_deferred": 1}),
-            row("gsm8k/1", "ar", [1], True, output="2 + 1 = 3. The answer is 3.", answer="3"),
-            row("gsm8k/1", "fly-mla", [1], True, output=question[1][:40] + " 2 + 1 = 3. The answer is 3.", answer="3")]
+    rows = [
+        row("gsm8k/0", "ar", [1], True, output="16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 18."),
+        row(
+            "gsm8k/0",
+            "fly-mla",
+            [2],
+            False,
+            output=question[0][:60] + " So 9 * 2 = 12. The answer is 12.",
+            stats={"fly_deferred": 1},
+        ),
+        row("gsm8k/1", "ar", [1], True, output="2 + 1 = 3. The answer is 3.", answer="3"),
+        row("gsm8k/1", "fly-mla", [1], True, output=question[1][:40] + " 2 + 1 = 3. The answer is 3.", answer="3"),
+    ]
     d = write(tmp_path, rows)
     assert F.openings(d) == {
         "ar": {"scored": 2, "restates": 0, "accuracy_restating": None, "accuracy_other": 1.0},
-        "fly-mla": {"scored": 2, "restates": 2, "accuracy_restating": 0.5, "accuracy_other": None}}
+        "fly-mla": {"scored": 2, "restates": 2, "accuracy_restating": 0.5, "accuracy_other": None},
+    }
     n = F.RESTATE_CHARS
     assert F.restates_question("Step 1: " + question[0][:n], problems[0].prompt)
-    assert not F.restates_question("Step 1: " + question[0][:n - 1], problems[0].prompt)
+    assert not F.restates_question("Step 1: " + question[0][: n - 1], problems[0].prompt)
     assert not F.restates_question("y" * F.OPENING_CHARS + question[0], problems[0].prompt)  # past the opening
     table = F.failure_table([d], tmp_path.parent)
     assert "| gsm8k/0 | fly-mla | deferred mismatch | no / yes | 0 |" in table
@@ -128,8 +162,12 @@ def test_recovery_interval_narrows_with_n_and_tracks_the_losses():
 def test_retention_verdicts(tmp_path):
     def table(d, both, ar_only, method_only, neither):
         rows, i = [], 0
-        for n, (a, m) in ((both, (True, True)), (ar_only, (True, False)), (method_only, (False, True)),
-                          (neither, (False, False))):
+        for n, (a, m) in (
+            (both, (True, True)),
+            (ar_only, (True, False)),
+            (method_only, (False, True)),
+            (neither, (False, False)),
+        ):
             for _ in range(n):
                 rows += [row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [1] if a == m else [2], m)]
                 i += 1
@@ -158,9 +196,13 @@ def test_mcnemar_in_the_summary_and_its_table():
 def test_report_failures_on_the_command_line(tmp_path):
     from conftest import run_cli
 
-    d = write(tmp_path, [row("a", "ar", [1, 2, 3], True, output="so 3. The answer is 18."),
-                         row("a", "fly-mla", [1, 2, 4], False, output="so 4. The answer is 19.",
-                             stats={"fly_deferred": 1})])
+    d = write(
+        tmp_path,
+        [
+            row("a", "ar", [1, 2, 3], True, output="so 3. The answer is 18."),
+            row("a", "fly-mla", [1, 2, 4], False, output="so 4. The answer is 19.", stats={"fly_deferred": 1}),
+        ],
+    )
     p = run_cli("report", d, "--no-plots", "--failures")
     assert p.returncode == 0, p.stderr
     assert "keeps >= 99% of ar?" in p.stdout and "not decided at n = 1" in p.stdout
@@ -170,8 +212,9 @@ def test_report_failures_on_the_command_line(tmp_path):
 def _seed_run(d, seed, outcomes, temperature=0.7):
     """A results directory of one seed: per problem, (ar right, fly-mla right)."""
     d.mkdir()
-    rows = [r for i, (a, m) in enumerate(outcomes)
-            for r in (row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [2], m))]
+    rows = [
+        r for i, (a, m) in enumerate(outcomes) for r in (row(f"q{i}", "ar", [1], a), row(f"q{i}", "fly-mla", [2], m))
+    ]
     write(d, rows)
     cfg = json.loads((d / R.CONFIG).read_text())
     (d / R.CONFIG).write_text(json.dumps({**cfg, "seed": seed, "temperature": temperature}))
@@ -226,13 +269,22 @@ def test_report_pools_seeds_on_the_command_line(tmp_path):
 
 def test_endings_count_budget_stops_and_loops_per_method(tmp_path):
     head = list(range(100, 110))
-    d = write(tmp_path, [
-        row("a", "ar", head, True), row("a", "fly-mla", head + [7, 8, 9] * 10, False, stats={"fly_deferred": 1}),
-        row("b", "ar", head * 4, True), row("b", "fly-mla", list(range(200, 240)), True),  # 40 = the budget
-        row("c", "ar", head, None), row("c", "fly-mla", head * 4, None),  # unscored: not counted
-    ], budget=40)
-    assert F.endings(d) == {"ar": {"scored": 2, "at_budget": 1, "loops": 1, "right_at_budget": 1},
-                            "fly-mla": {"scored": 2, "at_budget": 2, "loops": 1, "right_at_budget": 1}}
+    d = write(
+        tmp_path,
+        [
+            row("a", "ar", head, True),
+            row("a", "fly-mla", head + [7, 8, 9] * 10, False, stats={"fly_deferred": 1}),
+            row("b", "ar", head * 4, True),
+            row("b", "fly-mla", list(range(200, 240)), True),  # 40 = the budget
+            row("c", "ar", head, None),
+            row("c", "fly-mla", head * 4, None),  # unscored: not counted
+        ],
+        budget=40,
+    )
+    assert F.endings(d) == {
+        "ar": {"scored": 2, "at_budget": 1, "loops": 1, "right_at_budget": 1},
+        "fly-mla": {"scored": 2, "at_budget": 2, "loops": 1, "right_at_budget": 1},
+    }
     table = F.failure_table([d], tmp_path.parent)
     assert f"| {tmp_path.name} | fly-mla | 2 | 2 (1.00) | 1 | 1 |" in table
     assert f"| {tmp_path.name} | fly-mla | 1 | 1 | 0 | 0 | 0 | 0 |" in table  # the lost answer: a loop

@@ -62,9 +62,15 @@ def test_mgsm_languages_limits_and_gold():
 def test_math500_loader():
     probs = load_dataset("math500")
     assert len(probs) == 500 and _unique_ids(probs)
-    assert Counter(p.category for p in probs) == {"Algebra": 124, "Intermediate Algebra": 97, "Prealgebra": 82,
-                                                  "Number Theory": 62, "Precalculus": 56, "Geometry": 41,
-                                                  "Counting & Probability": 38}
+    assert Counter(p.category for p in probs) == {
+        "Algebra": 124,
+        "Intermediate Algebra": 97,
+        "Prealgebra": 82,
+        "Number Theory": 62,
+        "Precalculus": 56,
+        "Geometry": 41,
+        "Counting & Probability": 38,
+    }
     first = probs[0]
     assert first.id == "math500/test/precalculus/807.json" and first.answer == r"\left( 3, \frac{\pi}{2} \right)"
     assert "\\boxed{}" in first.prompt and _rows("math500_test.jsonl")[0]["problem"] in first.prompt
@@ -74,8 +80,11 @@ def test_math500_loader():
 def test_humaneval_loader_keeps_the_speed_benchmark_prompt():
     probs = load_dataset("humaneval", limit=3)
     rows = _rows("humaneval.jsonl")
-    assert len(load_dataset("humaneval")) == 164 and [p.id for p in probs] == ["HumanEval/0", "HumanEval/1",
-                                                                              "HumanEval/2"]
+    assert len(load_dataset("humaneval")) == 164 and [p.id for p in probs] == [
+        "HumanEval/0",
+        "HumanEval/1",
+        "HumanEval/2",
+    ]
     for p, r in zip(probs, rows):
         assert p.prompt == "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"
         assert p.category == "humaneval" and p.answer == r["canonical_solution"]
@@ -86,8 +95,9 @@ def test_humaneval_loader_keeps_the_speed_benchmark_prompt():
 def test_specbench_loader():
     probs = load_dataset("specbench")
     assert len(probs) == 480 and _unique_ids(probs)
-    assert Counter(p.meta["task"] for p in probs) == {t: 80 for t in ("mt_bench", "translation", "summarization",
-                                                                       "qa", "math_reasoning", "rag")}
+    assert Counter(p.meta["task"] for p in probs) == {
+        t: 80 for t in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+    }
     assert all(p.category == p.meta["task"] for p in probs)  # grouped by task type, as Spec-Bench reports
     cats = Counter(p.meta["category"] for p in probs)
     assert cats["writing"] == 10 and cats["humanities"] == 10 and cats["translation"] == 80
@@ -96,14 +106,16 @@ def test_specbench_loader():
     mt = load_dataset("specbench", category="mt_bench")
     assert len(mt) == 80 and {p.id for p in mt} == {f"specbench/{i}" for i in range(81, 161)}
     limited = load_dataset("specbench", limit=3)  # limit per task type
-    assert len(limited) == 18 and Counter(p.meta["task"] for p in limited) == {t: 3 for t in (
-        "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")}
+    assert len(limited) == 18 and Counter(p.meta["task"] for p in limited) == {
+        t: 3 for t in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+    }
     # mt_bench round-robin over its categories, the other task types in file order
     assert [p.meta["category"] for p in limited[:3]] == ["writing", "roleplay", "reasoning"]
     assert [p.id for p in limited[3:6]] == ["specbench/161", "specbench/162", "specbench/163"]
     assert len(load_dataset("specbench", limit=8, category="mt_bench")) == 8
     assert {p.meta["category"] for p in load_dataset("specbench", limit=8, category="mt_bench")} == set(
-        ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"))
+        ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    )
     two = load_dataset("specbench", limit=2, category="qa,coding")
     assert [p.category for p in two] == ["qa", "qa", "mt_bench", "mt_bench"]
     assert [p.meta["category"] for p in two] == ["qa", "qa", "coding", "coding"]
@@ -112,8 +124,9 @@ def test_specbench_loader():
 def test_mtbench_loader():
     probs = load_dataset("mtbench")
     assert len(probs) == 80 and _unique_ids(probs) and probs[0].id == "mtbench/81"
-    assert Counter(p.category for p in probs) == {c: 10 for c in ("writing", "roleplay", "reasoning", "math",
-                                                                   "coding", "extraction", "stem", "humanities")}
+    assert Counter(p.category for p in probs) == {
+        c: 10 for c in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    }
     assert "Hawaii" in probs[0].prompt and "letter A" in probs[0].meta["second_turn"] and probs[0].answer is None
     assert [p.id for p in load_dataset("mtbench", limit=2)] == ["mtbench/81", "mtbench/82"]
     spec = {p.id.split("/")[1]: p.prompt for p in load_dataset("specbench", category="mt_bench")}

@@ -44,8 +44,12 @@ def test_the_train_split_only_in_file_order(problems):
         assert set(p.meta) == {"task_id", "prompt", "test", "entry_point"}
     spec = DATASETS["mbpp-train"]
     assert spec.scorer is DATASETS["humaneval"].scorer and not spec.short_answer
-    assert dict(spec.score_options) == {"timeout_s": 10.0, "memory_mb": 1024, "allow_code_execution": False,
-                                        "sandbox": None}
+    assert dict(spec.score_options) == {
+        "timeout_s": 10.0,
+        "memory_mb": 1024,
+        "allow_code_execution": False,
+        "sandbox": None,
+    }
 
 
 def test_limit_is_the_first_problems():
@@ -83,14 +87,15 @@ def test_every_entry_point_is_defined_by_the_reference(problems):
 def test_stub_and_test_shapes():
     p = load_dataset("mbpp-train", 1)[0]
     assert p.meta["prompt"] == (
-        'def max_chain_length(arr, n):\n'
+        "def max_chain_length(arr, n):\n"
         '    """Write a function to find the longest chain which can be formed from the given set of pairs.\n'
-        '\n'
-        '    Your code should pass these tests:\n'
-        '    assert max_chain_length([Pair(5, 24), Pair(15, 25),Pair(27, 40), Pair(50, 60)], 4) == 3\n'
-        '    assert max_chain_length([Pair(1, 2), Pair(3, 4),Pair(5, 6), Pair(7, 8)], 4) == 4\n'
-        '    assert max_chain_length([Pair(19, 10), Pair(11, 12),Pair(13, 14), Pair(15, 16), Pair(31, 54)], 5) == 5\n'
-        '    """\n')
+        "\n"
+        "    Your code should pass these tests:\n"
+        "    assert max_chain_length([Pair(5, 24), Pair(15, 25),Pair(27, 40), Pair(50, 60)], 4) == 3\n"
+        "    assert max_chain_length([Pair(1, 2), Pair(3, 4),Pair(5, 6), Pair(7, 8)], 4) == 4\n"
+        "    assert max_chain_length([Pair(19, 10), Pair(11, 12),Pair(13, 14), Pair(15, 16), Pair(31, 54)], 5) == 5\n"
+        '    """\n'
+    )
     assert p.meta["test"].startswith("\n\ndef check(candidate):\n    assert max_chain_length(")
     imports = {q.meta["task_id"]: q.meta["prompt"] for q in load_dataset("mbpp-train", 10)}
     assert imports[607].startswith("import re\n\ndef find_literals(text, pattern):\n")
@@ -115,5 +120,9 @@ def test_references_pass_and_wrong_code_fails_in_the_sandbox():
         assert score("mbpp-train", p, "```python\n" + p.answer + "\n```", allow_code_execution=True) is True, p.id
         assert score("mbpp-train", p, "```python\n    return None\n```", allow_code_execution=True) is False, p.id
     p = probs[1]  # first_repeated_char: a whole wrong function fails too
-    assert score("mbpp-train", p, "```python\ndef first_repeated_char(str1):\n    return 'x'\n```",
-                 allow_code_execution=True) is False
+    assert (
+        score(
+            "mbpp-train", p, "```python\ndef first_repeated_char(str1):\n    return 'x'\n```", allow_code_execution=True
+        )
+        is False
+    )

@@ -42,18 +42,25 @@ def test_niah_construction(counter):
     kwargs = {} if counter is None else {"count_tokens": counting}
     probs = load_dataset("niah", **kwargs)
     assert len(probs) == 15 and _unique_ids(probs)
-    assert [p.id for p in probs[:6]] == ["niah/1024/0.0", "niah/1024/0.25", "niah/1024/0.5", "niah/1024/0.75",
-                                         "niah/1024/1.0", "niah/2048/0.0"]
+    assert [p.id for p in probs[:6]] == [
+        "niah/1024/0.0",
+        "niah/1024/0.25",
+        "niah/1024/0.5",
+        "niah/1024/0.75",
+        "niah/1024/1.0",
+        "niah/2048/0.0",
+    ]
     assert Counter(p.category for p in probs) == {"niah-1024": 5, "niah-2048": 5, "niah-4096": 5}
     assert len({p.answer for p in probs}) == 15  # codes differ across (length, depth)
     count = counter or approx_tokens
     for p in probs:
         L, depth = p.meta["context_length"], p.meta["depth"]
-        assert p.prompt.endswith("\n\nWhat is the secret access code for the Dolores Park sandwich shop? "
-                                 "Answer with the code only.")
+        assert p.prompt.endswith(
+            "\n\nWhat is the secret access code for the Dolores Park sandwich shop? Answer with the code only."
+        )
         needle = f"The secret access code for the Dolores Park sandwich shop is {p.answer}."
         assert p.prompt.count(needle) == 1
-        haystack = p.prompt[:p.prompt.rindex("\n\nWhat is the secret")]
+        haystack = p.prompt[: p.prompt.rindex("\n\nWhat is the secret")]
         assert abs(haystack.index(needle) / len(haystack) - depth) <= 0.10, (p.id, haystack.index(needle))
         assert 0.9 * L <= count(p.prompt) <= L, p.id  # fits, and is not much shorter
         assert p.prompt.startswith(ESSAYS_START) or depth == 0.0
@@ -65,8 +72,10 @@ def test_niah_options_limit_and_determinism():
     a = load_dataset("niah", context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter, seed=3)
     assert [p.id for p in a] == ["niah/512/0.1", "niah/512/0.9", "niah/8192/0.1", "niah/8192/0.9"]
     assert a == load_dataset("niah", context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter, seed=3)
-    assert load_dataset("niah", limit=3, context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter,
-                        seed=3) == a[:3]
+    assert (
+        load_dataset("niah", limit=3, context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter, seed=3)
+        == a[:3]
+    )
     other_seed = load_dataset("niah", context_lengths=(512, 8192), depths=(0.1, 0.9), count_tokens=_quarter, seed=4)
     assert [p.answer for p in a] != [p.answer for p in other_seed]
     assert a[0].answer == niah_code(512, 0.1, 3)
@@ -81,4 +90,3 @@ def test_niah_scorer():
         assert score("niah", p, good) is True, good
     for bad in ("The code is 7318-BRAVO.", "7319-CHARLIE", "17319-BRAVO", "7319-BRAVOS", "", "BRAVO 7319"):
         assert score("niah", p, bad) is False, bad
-

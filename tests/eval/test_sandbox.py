@@ -27,7 +27,7 @@ def mode(request, monkeypatch):
 
 
 # the Python-level guard is not a barrier: a program can take it out. Tests of the kernel's barriers do so first.
-UNGUARD = ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, 'loosespec_guard', False)]\n")
+UNGUARD = "import sys\nsys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, 'loosespec_guard', False)]\n"
 
 
 def _marker() -> str:
@@ -68,6 +68,7 @@ def _process_cap_active() -> bool:
 
 
 # --------------------------------------------------------------------------------------------- basics
+
 
 def test_boot_source_compiles_and_result_shape():
     compile(sandbox_probe.boot_source(), "<boot>", "exec")
@@ -125,6 +126,7 @@ def test_could_not_start(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------- limits
+
 
 def test_infinite_loop_times_out(mode):
     t0 = time.monotonic()
@@ -201,8 +203,10 @@ def test_native_fork_bomb_is_bounded():
     """A fork bomb that bypasses the Python guard (libc fork through ctypes) meets the real barrier:
     the process cap, then the PID namespace's teardown kills everything."""
     if not _process_cap_active():
-        pytest.skip("no kernel-enforced process cap here (needs user+PID namespaces with kernel >= 6.14 "
-                    "pid_max, or a non-root user); a native fork bomb would not be bounded")
+        pytest.skip(
+            "no kernel-enforced process cap here (needs user+PID namespaces with kernel >= 6.14 "
+            "pid_max, or a non-root user); a native fork bomb would not be bounded"
+        )
     marker = _marker()
     prog = _set_comm(marker) + textwrap.dedent("""
         import os, time
@@ -254,8 +258,11 @@ def test_huge_allocation(mode):
 
 def test_huge_output_is_truncated(mode):
     t0 = time.monotonic()
-    r = run_python("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"
-                   "sys.stderr.write('e' * 100_000)\n", timeout_s=5, max_file_mb=4)
+    r = run_python(
+        "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\nsys.stderr.write('e' * 100_000)\n",
+        timeout_s=5,
+        max_file_mb=4,
+    )
     assert time.monotonic() - t0 < 5 + SLACK_S
     assert len(r.stdout) <= 2000 and len(r.stderr) <= 2000
     assert not r.passed  # 100 MB do not fit in the 4 MB file limit
@@ -264,6 +271,7 @@ def test_huge_output_is_truncated(mode):
 
 
 # ------------------------------------------------------------------------------------------- files
+
 
 def test_files_outside_the_sandbox_survive(mode, tmp_path):
     victim_dir = tmp_path / "victim"
@@ -314,8 +322,10 @@ def _umask() -> int:
 def test_files_outside_the_sandbox_survive_native_calls(tmp_path):
     """Bypassing the Python guard with libc calls meets the read-only mounts."""
     if sandbox_probe.detect().mode != "full":
-        pytest.skip("read-only mounts need user+mount namespaces; without them only the Python guard "
-                    "protects files, and ctypes bypasses it")
+        pytest.skip(
+            "read-only mounts need user+mount namespaces; without them only the Python guard "
+            "protects files, and ctypes bypasses it"
+        )
     canary = tmp_path / "canary.txt"
     canary.write_text("precious")
     prog = _set_comm(_marker()) + textwrap.dedent(f"""
@@ -369,13 +379,15 @@ def test_sandbox_dir_is_writable_and_removed(mode):
 
 
 def test_sandbox_dir_removed_after_timeout(mode):
-    r = run_python("import os, time\nprint(os.getcwd(), flush=True)\nopen('f', 'w').write('x')\n"
-                   "time.sleep(60)\n", timeout_s=1.5)
+    r = run_python(
+        "import os, time\nprint(os.getcwd(), flush=True)\nopen('f', 'w').write('x')\ntime.sleep(60)\n", timeout_s=1.5
+    )
     assert r.status == "timeout", r
     assert r.stdout.strip() and not os.path.exists(r.stdout.strip())
 
 
 # ----------------------------------------------------------------------------------------- network
+
 
 @pytest.fixture
 def listener():
@@ -407,8 +419,9 @@ def test_network_is_blocked(mode, listener):
     prog = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=2)\nprint('connected')\n"
     r = run_python(prog, timeout_s=5)
     assert not r.passed and r.status == "failed" and "blocked by loosespec sandbox" in r.stderr, r
-    r = run_python(f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{listener}/', timeout=2)\n",
-                   timeout_s=5)
+    r = run_python(
+        f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{listener}/', timeout=2)\n", timeout_s=5
+    )
     assert not r.passed and "blocked by loosespec sandbox" in r.stderr, r
     # negative control: the same program with the network allowed reaches the listener
     r = run_python(prog, timeout_s=5, network=True)
@@ -426,9 +439,11 @@ NATIVE_CONNECT = UNGUARD + textwrap.dedent("""
 """)
 
 # the network namespace and its interfaces, read without sockets (so no Python guard is in the way)
-NETNS_PROBE = ("import json, os\nwith open('/proc/self/net/dev') as f:\n"
-               "    ifaces = sorted(l.split(':')[0].strip() for l in f.readlines()[2:] if ':' in l)\n"
-               "print(json.dumps([os.readlink('/proc/self/ns/net'), ifaces]))\n")
+NETNS_PROBE = (
+    "import json, os\nwith open('/proc/self/net/dev') as f:\n"
+    "    ifaces = sorted(l.split(':')[0].strip() for l in f.readlines()[2:] if ':' in l)\n"
+    "print(json.dumps([os.readlink('/proc/self/ns/net'), ifaces]))\n"
+)
 
 
 def _needs_network_namespace():
@@ -475,6 +490,7 @@ def test_network_flag_allows_sockets(mode):
 
 # ------------------------------------------------------------- escapes found in the guard (issue 43, item 3)
 
+
 def test_fileio_and_sqlite_cannot_write_outside(mode, tmp_path):
     """``io.FileIO(path, "w")`` truncated a file outside the sandbox and ``sqlite3.connect()`` created one,
     both past the old guard (it only watched ``open``/``os.open``)."""
@@ -485,7 +501,7 @@ def test_fileio_and_sqlite_cannot_write_outside(mode, tmp_path):
         done = []
         for name, fn in [("FileIO", lambda: io.FileIO({str(canary)!r}, "w")),
                          ("_io.FileIO", lambda: _io.FileIO({str(canary)!r}, "a")),
-                         ("FileIO_new", lambda: io.FileIO({str(tmp_path / 'new.bin')!r}, "x"))]:
+                         ("FileIO_new", lambda: io.FileIO({str(tmp_path / "new.bin")!r}, "x"))]:
             try:
                 fn()
                 done.append(name)
@@ -493,13 +509,13 @@ def test_fileio_and_sqlite_cannot_write_outside(mode, tmp_path):
                 pass
         try:
             import sqlite3
-            sqlite3.connect({str(tmp_path / 'stolen.db')!r}).execute("create table t (x)")
+            sqlite3.connect({str(tmp_path / "stolen.db")!r}).execute("create table t (x)")
             done.append("sqlite3")
         except (OSError, ImportError):
             pass
         try:
             import dbm
-            dbm.open({str(tmp_path / 'stolen.dbm')!r}, "c")
+            dbm.open({str(tmp_path / "stolen.dbm")!r}, "c")
             done.append("dbm")
         except (OSError, ImportError):
             pass

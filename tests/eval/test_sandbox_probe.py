@@ -24,8 +24,11 @@ def test_probe_checks_isolation_not_reachability(monkeypatch):
     env = sandbox_probe.detect()
     assert sandbox_probe._probe(env.mode, env.unshare)["net"] is True
     real = sandbox_probe.ns_prefix
-    monkeypatch.setattr(sandbox_probe, "ns_prefix", lambda mode, unshare, network: [
-        a for a in real(mode, unshare, network) if a != "--net"])
+    monkeypatch.setattr(
+        sandbox_probe,
+        "ns_prefix",
+        lambda mode, unshare, network: [a for a in real(mode, unshare, network) if a != "--net"],
+    )
     assert sandbox_probe._probe(env.mode, env.unshare)["net"] is False
 
 
@@ -40,6 +43,7 @@ def test_boot_is_a_real_module_that_does_nothing_on_import():
 
 
 # ------------------------------------------------------------------------ modes (issue 43, item 2)
+
 
 def test_auto_refuses_no_isolation(monkeypatch):
     """Where namespaces are unavailable, "auto" no longer drops to "none" silently: it refuses, naming the way
@@ -58,4 +62,3 @@ def test_auto_refuses_no_isolation(monkeypatch):
     assert run_python("print(1)\n").mode == "none"
     with pytest.raises(LoosespecError, match="unknown sandbox mode"):
         sandbox_probe.resolve_mode("chroot")
-

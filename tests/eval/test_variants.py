@@ -33,15 +33,18 @@ def test_a_variant_sets_its_knob_and_keeps_its_method():
     assert M.base_name("fly-ngram@num_draft_tokens=5") == "fly-ngram"
 
 
-@pytest.mark.parametrize("name,says", [
-    ("fly-ngram@nope=3", "not <knob>=<value>"),
-    ("fly-ngram@num_draft_tokens", "not <knob>=<value>"),
-    ("fly-ngram@temperature=0.7", "per-method knob"),  # the run's settings are the same for every method
-    ("fly-ngram@num_draft_tokens=-1", "num_draft_tokens"),  # the schema's own check, naming the field
-    ("fly-ngram@fly_entropy_threshold=0.005", "ambiguous"),
-    ("hf-pld@num_draft_tokens=5", "peer"),
-    ("nosuch@num_draft_tokens=5", "unknown method"),
-])
+@pytest.mark.parametrize(
+    "name,says",
+    [
+        ("fly-ngram@nope=3", "not <knob>=<value>"),
+        ("fly-ngram@num_draft_tokens", "not <knob>=<value>"),
+        ("fly-ngram@temperature=0.7", "per-method knob"),  # the run's settings are the same for every method
+        ("fly-ngram@num_draft_tokens=-1", "num_draft_tokens"),  # the schema's own check, naming the field
+        ("fly-ngram@fly_entropy_threshold=0.005", "ambiguous"),
+        ("hf-pld@num_draft_tokens=5", "peer"),
+        ("nosuch@num_draft_tokens=5", "unknown method"),
+    ],
+)
 def test_bad_variants_are_clear_errors(name, says):
     with pytest.raises(LoosespecError, match=says):
         M.parse_methods(["ar", name])
@@ -53,11 +56,20 @@ def test_sweep_expands_loosespec_methods_and_keeps_ar_and_peers():
 
 
 def test_sweeps_group_variants_by_knob_and_sort_by_value():
-    names = ["ar", "fly-ngram@num_draft_tokens=10", "fly-ngram@num_draft_tokens=5", "exact-ngram@num_draft_tokens=5",
-             "fly-mla@fly_sampling=rejection", "fly-mla@fly_sampling=two-sample"]
+    names = [
+        "ar",
+        "fly-ngram@num_draft_tokens=10",
+        "fly-ngram@num_draft_tokens=5",
+        "exact-ngram@num_draft_tokens=5",
+        "fly-mla@fly_sampling=rejection",
+        "fly-mla@fly_sampling=two-sample",
+    ]
     # exact-ngram has one value (no line), fly_sampling is categorical (no axis)
-    assert RP.sweeps(names) == {"num_draft_tokens": {"fly-ngram": [(5.0, "fly-ngram@num_draft_tokens=5"),
-                                                                 (10.0, "fly-ngram@num_draft_tokens=10")]}}
+    assert RP.sweeps(names) == {
+        "num_draft_tokens": {
+            "fly-ngram": [(5.0, "fly-ngram@num_draft_tokens=5"), (10.0, "fly-ngram@num_draft_tokens=10")]
+        }
+    }
 
 
 def test_sweep_plot_draws_every_run_and_nothing_else(tmp_path, monkeypatch):
@@ -68,11 +80,15 @@ def test_sweep_plot_draws_every_run_and_nothing_else(tmp_path, monkeypatch):
 
     drawn = []
     real = Axes.errorbar
-    monkeypatch.setattr(Axes, "errorbar", lambda self, x, y, *a, **k: drawn.append((list(x), list(y))) or real(
-        self, x, y, *a, **k))
+    monkeypatch.setattr(
+        Axes, "errorbar", lambda self, x, y, *a, **k: drawn.append((list(x), list(y))) or real(self, x, y, *a, **k)
+    )
     a, b = "fly-ngram@fly_entropy_threshold=0.3", "fly-ngram@fly_entropy_threshold=0.6"
-    rows = [row("q1", "ar", 10.0, [1, 2], True), row("q1", a, 5.0, [1, 2], True, rounds=1),
-            row("q1", b, 4.0, [1, 3], False, rounds=1)]
+    rows = [
+        row("q1", "ar", 10.0, [1, 2], True),
+        row("q1", a, 5.0, [1, 2], True, rounds=1),
+        row("q1", b, 4.0, [1, 3], False, rounds=1),
+    ]
     summary = S.summarize(rows)
     paths = RP.plot(rows, summary, tmp_path)
     assert tmp_path / "speedup_by_fly_entropy_threshold.png" in paths

@@ -26,7 +26,7 @@ FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_vllm.py"
 def fake_bin(tmp_path):
     """An executable named like vLLM's CLI that runs the stand-in with this interpreter."""
     exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
     exe.chmod(0o755)
     return str(exe)
 
@@ -36,17 +36,23 @@ def test_server_commands_per_method():
     s = VllmSettings(target="/m/target", draft="/m/draft", num_speculative_tokens=8, fly_path="plugin")
     assert speculative_config("vllm-ar", s) is None
     assert speculative_config("vllm-ngram", s)["method"] == "ngram"
-    assert speculative_config("vllm-fly", s) == {"method": "draft_model", "model": "/m/draft",
-                                                 "num_speculative_tokens": 8}
+    assert speculative_config("vllm-fly", s) == {
+        "method": "draft_model",
+        "model": "/m/draft",
+        "num_speculative_tokens": 8,
+    }
     default = VllmSettings(target="/m/target", draft="/m/draft", fly_path="plugin")
     assert speculative_config("vllm-draft", default)["num_speculative_tokens"] == 5
     assert speculative_config("vllm-fly", default)["num_speculative_tokens"] == 15  # FLy's K
     with pytest.raises(LoosespecError, match="never defers"):  # 5 positions after a mismatch never fit 5 drafts
-        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5,
-                                                           fly={"fly_window_size": 5}))
+        speculative_config(
+            "vllm-fly", dataclasses.replace(default, num_speculative_tokens=5, fly={"fly_window_size": 5})
+        )
     # unset, the window is vLLM's default, min(6, k - 1): FLy can defer in 5 drafts
-    assert speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))[
-        "num_speculative_tokens"] == 5
+    assert (
+        speculative_config("vllm-fly", dataclasses.replace(default, num_speculative_tokens=5))["num_speculative_tokens"]
+        == 5
+    )
     argv, env = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/vllm"), 8000)
     assert argv[:3] == ["/x/vllm", "serve", "/m/target"] and env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "fly"
     argv, _ = server_command("vllm-fly", dataclasses.replace(s, vllm_bin="/x/python3"), 8000)
@@ -56,8 +62,9 @@ def test_server_commands_per_method():
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
     # unset FLy knobs are not passed: the plugin takes vLLM's native defaults (W = min(6, K - 1), theta 0.3)
     assert "LOOSESPEC_FLY_WINDOW_SIZE" not in env and "LOOSESPEC_FLY_ENTROPY_THRESHOLD" not in env
-    _, env = server_command("vllm-fly", dataclasses.replace(s, fly={"fly_window_size": 5, "fly_boundary": "official"}),
-                            8000)
+    _, env = server_command(
+        "vllm-fly", dataclasses.replace(s, fly={"fly_window_size": 5, "fly_boundary": "official"}), 8000
+    )
     assert env["LOOSESPEC_FLY_WINDOW_SIZE"] == "5" and env["LOOSESPEC_FLY_BOUNDARY"] == "official"
     _, env = server_command("vllm-draft", s, 8000)
     assert env["LOOSESPEC_REJECTION_SAMPLE_METHOD"] == "standard"  # exact verification, even if the shell set fly
@@ -81,9 +88,19 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     problems = [Problem(i) for i in range(3)]
     settings = {"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin)
-    rows = H.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
-                       settings=settings, encode=lambda p: list(range(10, 20 + int(p.id[1:]))),
-                       scorer=lambda p, text: "rule=fly" not in text, model_id="target", progress=False, vllm=vllm)
+    rows = H.run_bench(
+        None,
+        problems,
+        ["vllm-ar", "vllm-draft", "vllm-fly"],
+        tmp_path,
+        dataset="toy",
+        settings=settings,
+        encode=lambda p: list(range(10, 20 + int(p.id[1:]))),
+        scorer=lambda p, text: "rule=fly" not in text,
+        model_id="target",
+        progress=False,
+        vllm=vllm,
+    )
     assert len(rows) == 9 and len(R.ResultsFile(tmp_path / R.RESULTS).read()) == 9
     by = {(r["question_id"], r["method"]): r for r in rows}
     fly = by[("p1", "vllm-fly")]
@@ -99,9 +116,19 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     log = (tmp_path / "vllm.log").read_text()
     assert log.count("# ") >= 3 and '"LOOSESPEC_REJECTION_SAMPLE_METHOD": "fly"' in log
     # resuming: nothing left to run, no server started
-    again = H.run_bench(None, problems, ["vllm-ar", "vllm-draft", "vllm-fly"], tmp_path, dataset="toy",
-                        settings=settings, encode=lambda p: [1, 2], scorer=lambda p, t: None, model_id="target",
-                        progress=False, vllm=VllmSettings(target="t", draft="d", vllm_bin=str(tmp_path / "absent")))
+    again = H.run_bench(
+        None,
+        problems,
+        ["vllm-ar", "vllm-draft", "vllm-fly"],
+        tmp_path,
+        dataset="toy",
+        settings=settings,
+        encode=lambda p: [1, 2],
+        scorer=lambda p, t: None,
+        model_id="target",
+        progress=False,
+        vllm=VllmSettings(target="t", draft="d", vllm_bin=str(tmp_path / "absent")),
+    )
     assert len(again) == 9
 
 
@@ -109,9 +136,19 @@ def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
     problems = [Problem(i) for i in range(3)]
     settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=fake_bin, concurrency=2)
-    rows = H.run_bench(None, problems, ["vllm-ar", "vllm-draft"], tmp_path, dataset="toy", settings=settings,
-                       encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target",
-                       progress=False, vllm=vllm)
+    rows = H.run_bench(
+        None,
+        problems,
+        ["vllm-ar", "vllm-draft"],
+        tmp_path,
+        dataset="toy",
+        settings=settings,
+        encode=lambda p: list(range(10)),
+        scorer=lambda p, t: None,
+        model_id="target",
+        progress=False,
+        vllm=vllm,
+    )
     draft = [r for r in rows if r["method"] == "vllm-draft"]
     assert [r["stats"]["block"]["requests"] for r in draft] == [2, 2, 1]
     assert draft[0]["stats"]["block"]["vllm_counters"]["drafts"] == 4  # two requests of 6 tokens: 2 steps each
@@ -120,7 +157,8 @@ def test_concurrent_load_reads_counters_per_block(tmp_path, fake_bin):
     assert s["throughput_tokens_per_s"] > 0 and s["mean_accepted_length"] == 3.0
     blocks = {r["stats"]["block"]["makespan_s"]: r["stats"]["block"]["vllm_counters"] for r in draft}
     assert len(blocks) == 2 and s["acceptance_rate"] == pytest.approx(
-        sum(c["accepted"] for c in blocks.values()) / sum(c["draft_tokens"] for c in blocks.values()), abs=1e-4)
+        sum(c["accepted"] for c in blocks.values()) / sum(c["draft_tokens"] for c in blocks.values()), abs=1e-4
+    )
     table = RP.format_table(S.summarize(rows)).splitlines()
     assert "| throughput tok/s |" in table[0] and table[0].count("|") == table[1].count("|") == table[2].count("|")
     draft_row = next(line for line in table if line.startswith("| vllm-draft |"))
@@ -142,16 +180,36 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
     import subprocess
 
     exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\necho \"$LOOSESPEC_REJECTION_SAMPLE_METHOD "
-                   f"$LOOSESPEC_FLY_WINDOW_SIZE\" > {tmp_path}/env\n")
+    exe.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/argv\necho "$LOOSESPEC_REJECTION_SAMPLE_METHOD '
+        f'$LOOSESPEC_FLY_WINDOW_SIZE" > {tmp_path}/env\n'
+    )
     exe.chmod(0o755)
     tiny = tmp_path / "m"
     from conftest import make_tiny_model, make_tiny_tokenizer
 
     make_tiny_model(0).save_pretrained(tiny)
     make_tiny_tokenizer().save_pretrained(tiny)
-    cmd = [sys.executable, "-m", "loosespec.cli", "serve", "--engine", "vllm", "--vllm-bin", str(exe),
-           "--target", str(tiny), "--draft", "none", "--method", "fly", "--fly-window-size", "4", "--port", "8765"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loosespec.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--vllm-bin",
+        str(exe),
+        "--target",
+        str(tiny),
+        "--draft",
+        "none",
+        "--method",
+        "fly",
+        "--fly-window-size",
+        "4",
+        "--port",
+        "8765",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     argv = (tmp_path / "argv").read_text()
@@ -168,7 +226,11 @@ def test_serve_engine_vllm_execs_vllm_serve_with_the_plugin_configured(tmp_path)
         p = run_cli(*cmd[3:-6], "--method", "specguard")
         assert p.returncode != 0 and "--engine vllm serves ar, exact or fly" in p.stderr
         p = run_cli(*cmd[3:], "--num-draft-tokens", "4")
-        assert p.returncode != 0 and "need --fly-window-size < --num-draft-tokens" in p.stderr and "Traceback" not in p.stderr
+        assert (
+            p.returncode != 0
+            and "need --fly-window-size < --num-draft-tokens" in p.stderr
+            and "Traceback" not in p.stderr
+        )
 
 
 def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, monkeypatch):
@@ -197,9 +259,20 @@ def test_vllm_on_a_gpu_the_engine_shares_gets_what_is_free(tmp_path, fake_bin, m
     problems = [Problem(i) for i in range(2)]
     settings = {"max_new_tokens": 4, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     lines = []
-    H.run_bench(None, problems, ["vllm-ar"], tmp_path, dataset="toy", settings=settings,
-                encode=lambda p: list(range(10)), scorer=lambda p, t: None, model_id="target", progress=False,
-                vllm=s, log=lines.append)
+    H.run_bench(
+        None,
+        problems,
+        ["vllm-ar"],
+        tmp_path,
+        dataset="toy",
+        settings=settings,
+        encode=lambda p: list(range(10)),
+        scorer=lambda p, t: None,
+        model_id="target",
+        progress=False,
+        vllm=s,
+        log=lines.append,
+    )
     assert calls == ["empty"] and any("--gpu-memory-utilization 0.375" in line for line in lines)
     assert "--gpu-memory-utilization 0.375" in (tmp_path / "vllm.log").read_text()
     argv, _ = server_command("vllm-ar", s, 8000)
@@ -216,13 +289,24 @@ def test_fly_methods_take_vllms_native_fly_where_it_has_it(tmp_path):
 
     native = write_env(tmp_path / "native", native=True, version="0.0.1")
     older = write_env(tmp_path / "older", native=False, version="9.9.9")
-    knobs = {"fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3, "fly_boundary": "window",
-             "fly_sampling": "two-sample"}
+    knobs = {
+        "fly_window_size": 5,
+        "fly_entropy_threshold": 0.9,
+        "fly_entropy_top_k": 3,
+        "fly_boundary": "window",
+        "fly_sampling": "two-sample",
+    }
     s = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=native, fly=knobs)
     assert fly_route("vllm-fly", s).path == "native" and fly_route("vllm-draft", s) is None
     assert speculative_config("vllm-fly", s) == {
-        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 15, "rejection_sample_method": "fly",
-        "fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3}
+        "method": "draft_model",
+        "model": "/m/draft",
+        "num_speculative_tokens": 15,
+        "rejection_sample_method": "fly",
+        "fly_window_size": 5,
+        "fly_entropy_threshold": 0.9,
+        "fly_entropy_top_k": 3,
+    }
     assert speculative_config("vllm-fly-ngram", s)["rejection_sample_method"] == "fly"
     assert "rejection_sample_method" not in speculative_config("vllm-draft", s)
     argv, env = server_command("vllm-fly", s, 8000)
@@ -231,7 +315,11 @@ def test_fly_methods_take_vllms_native_fly_where_it_has_it(tmp_path):
     assert fly_record("vllm-fly", s)["fly_path"] == "native" and fly_record("vllm-ar", s) == {}
     # unset knobs are left to vLLM's native defaults, as the plugin takes them
     assert speculative_config("vllm-fly", dataclasses.replace(s, fly={})) == {
-        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 15, "rejection_sample_method": "fly"}
+        "method": "draft_model",
+        "model": "/m/draft",
+        "num_speculative_tokens": 15,
+        "rejection_sample_method": "fly",
+    }
     # what vLLM's native FLy cannot express is refused, not changed
     with pytest.raises(LoosespecError, match="fly_boundary 'official'"):
         speculative_config("vllm-fly", dataclasses.replace(s, fly={**knobs, "fly_boundary": "official"}))
@@ -259,11 +347,25 @@ def test_bench_serves_vllm_fly_on_the_native_path(tmp_path):
     problems = [Problem(i) for i in range(2)]
     settings = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "sg_tau": None}
     for name, native, rule in (("native", True, "native-fly"), ("older", False, "fly")):
-        vllm = VllmSettings(target="/m/target", draft="/m/draft", vllm_bin=write_env(tmp_path / name, native=native),
-                            fly={"fly_window_size": 5})
-        rows = H.run_bench(None, problems, ["vllm-ar", "vllm-fly"], tmp_path / f"out-{name}", dataset="toy",
-                           settings=settings, encode=lambda p: list(range(10)), scorer=lambda p, t: None,
-                           model_id="target", progress=False, vllm=vllm)
+        vllm = VllmSettings(
+            target="/m/target",
+            draft="/m/draft",
+            vllm_bin=write_env(tmp_path / name, native=native),
+            fly={"fly_window_size": 5},
+        )
+        rows = H.run_bench(
+            None,
+            problems,
+            ["vllm-ar", "vllm-fly"],
+            tmp_path / f"out-{name}",
+            dataset="toy",
+            settings=settings,
+            encode=lambda p: list(range(10)),
+            scorer=lambda p, t: None,
+            model_id="target",
+            progress=False,
+            vllm=vllm,
+        )
         fly = [r for r in rows if r["method"] == "vllm-fly"]
         assert len(fly) == 2 and all(r["output"].startswith(f"rule={rule} ") for r in fly), fly[0]["output"]
         server = fly[0]["config"]["server"]
@@ -280,8 +382,13 @@ def test_the_stand_in_refuses_fly_keys_its_config_lacks(tmp_path):
     from fakes.fake_vllm import write_env
 
     exe = write_env(tmp_path / "older", native=False)
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "fly",
-                       "fly_window_size": 2})
-    p = subprocess.run([exe, "serve", "/m/target", "--port", "1", "--speculative-config", spec], capture_output=True,
-                       text=True, timeout=60)
+    spec = json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "fly", "fly_window_size": 2}
+    )
+    p = subprocess.run(
+        [exe, "serve", "/m/target", "--port", "1", "--speculative-config", spec],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode != 0 and "fly_window_size" in p.stderr and "Extra inputs are not permitted" in p.stderr

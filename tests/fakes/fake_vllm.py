@@ -29,26 +29,35 @@ def write_env(root, native: bool, style: str = "dataclass", cpu: bool = False, v
     (pkg / "platforms").mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (pkg / "config" / "__init__.py").write_text("from vllm.config.speculative import SpeculativeConfig\n")
-    (pkg / "platforms" / "__init__.py").write_text(textwrap.dedent(f"""
+    (pkg / "platforms" / "__init__.py").write_text(
+        textwrap.dedent(f"""
         class _Platform:
             def is_cpu(self):
                 return {cpu!r}
         current_platform = _Platform()
-    """))
+    """)
+    )
     methods = '"standard", "synthetic", "block"' + (', "fly"' if native else "")
-    fly_fields = textwrap.dedent("""
+    fly_fields = (
+        textwrap.dedent("""
         fly_window_size: Optional[int] = None
         fly_entropy_threshold: float = 0.3
         fly_entropy_top_k: int = 3
-    """) if native else ""
-    fields = textwrap.dedent("""
+    """)
+        if native
+        else ""
+    )
+    fields = (
+        textwrap.dedent("""
         method: Optional[str] = None
         model: Optional[str] = None
         num_speculative_tokens: Optional[int] = None
         prompt_lookup_max: Optional[int] = None
         prompt_lookup_min: Optional[int] = None
         rejection_sample_method: RejectionSampleMethod = "standard"
-    """) + fly_fields
+    """)
+        + fly_fields
+    )
     if style == "dataclass":
         head = "from dataclasses import dataclass\n\n\n@dataclass\nclass SpeculativeConfig:\n"
     elif style == "model":
@@ -57,13 +66,16 @@ def write_env(root, native: bool, style: str = "dataclass", cpu: bool = False, v
         raise ValueError(style)
     (pkg / "config" / "speculative.py").write_text(
         "from typing import Literal, Optional\n"
-        f"RejectionSampleMethod = Literal[{methods}]\n" + head + textwrap.indent(fields, "    "))
+        f"RejectionSampleMethod = Literal[{methods}]\n" + head + textwrap.indent(fields, "    ")
+    )
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     python = bin_dir / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={root / 'site'}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH={root / "site"}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
+    )
     vllm = bin_dir / "vllm"
-    vllm.write_text(f"#!/bin/sh\nexec {python} {HERE} \"$@\"\n")
+    vllm.write_text(f'#!/bin/sh\nexec {python} {HERE} "$@"\n')
     for exe in (python, vllm):
         exe.chmod(0o755)
     return str(vllm)
@@ -77,12 +89,17 @@ def _check_spec(spec):
         from vllm.config.speculative import SpeculativeConfig
     except ImportError:
         return
-    fields = ({f.name for f in dataclasses.fields(SpeculativeConfig)} if dataclasses.is_dataclass(SpeculativeConfig)
-              else set(SpeculativeConfig.model_fields))
+    fields = (
+        {f.name for f in dataclasses.fields(SpeculativeConfig)}
+        if dataclasses.is_dataclass(SpeculativeConfig)
+        else set(SpeculativeConfig.model_fields)
+    )
     extra = sorted(set(spec) - fields)
     if extra:
-        sys.exit(f"pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n{extra[0]}\n"
-                 "  Extra inputs are not permitted")
+        sys.exit(
+            f"pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n{extra[0]}\n"
+            "  Extra inputs are not permitted"
+        )
 
 
 def main(args):
@@ -116,10 +133,15 @@ def main(args):
                 return self._send(200, "")
             if self.path == "/metrics":
                 lines = []
-                for key, name in (("drafts", "num_drafts"), ("draft_tokens", "num_draft_tokens"),
-                                  ("accepted", "num_accepted_tokens")):
-                    lines += [f"# TYPE vllm:spec_decode_{name} counter",
-                              f'vllm:spec_decode_{name}_total{{model_name="target"}} {float(counters[key])}']
+                for key, name in (
+                    ("drafts", "num_drafts"),
+                    ("draft_tokens", "num_draft_tokens"),
+                    ("accepted", "num_accepted_tokens"),
+                ):
+                    lines += [
+                        f"# TYPE vllm:spec_decode_{name} counter",
+                        f'vllm:spec_decode_{name}_total{{model_name="target"}} {float(counters[key])}',
+                    ]
                 return self._send(200, "\n".join(lines) + "\n", "text/plain")
             self._send(404, "{}")
 
@@ -134,8 +156,15 @@ def main(args):
                 counters["drafts"] += steps
                 counters["draft_tokens"] += steps * k
                 counters["accepted"] += len(ids) - steps
-            self._send(200, json.dumps({"choices": [{"text": f"rule={rule} n={len(ids)}", "token_ids": ids}],
-                                        "usage": {"completion_tokens": len(ids)}}))
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "choices": [{"text": f"rule={rule} n={len(ids)}", "token_ids": ids}],
+                        "usage": {"completion_tokens": len(ids)},
+                    }
+                ),
+            )
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 

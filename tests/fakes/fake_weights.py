@@ -27,8 +27,9 @@ def fake_model(tmp_path, sha=None):
     parts = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
     wheels = [str(fake_wheel(tmp_path, f"fake_part{i}", p)) for i, p in enumerate(parts, 1)]
     data = b"".join(parts)
-    return EmbeddedModel("fake", "org/fake", "Q0", tuple(wheels), sha or hashlib.sha256(data).hexdigest(),
-                         len(data)), data
+    return EmbeddedModel(
+        "fake", "org/fake", "Q0", tuple(wheels), sha or hashlib.sha256(data).hexdigest(), len(data)
+    ), data
 
 
 class FakeConverter:

@@ -55,8 +55,9 @@ def vllm_entropy(logits: torch.Tensor, top_k: int = 3, probs: bool = False) -> l
     return (-torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)).tolist()
 
 
-def official_accept(match: list[bool], entropy: list[float], theta: float, win_len: int,
-                    enable_fly: bool = True) -> tuple[list[bool], dict]:
+def official_accept(
+    match: list[bool], entropy: list[float], theta: float, win_len: int, enable_fly: bool = True
+) -> tuple[list[bool], dict]:
     """The official code's final accepted mask over one round's exact-match mask, and its two counters."""
     k = len(match)
     accepted = list(match)
@@ -69,8 +70,10 @@ def official_accept(match: list[bool], entropy: list[float], theta: float, win_l
         for j in range(k - win_len, k):  # updated[:, -win_len:] &= accepted[:, -win_len:]
             updated[j] = updated[j] and match[j]
         accepted = updated
-    counters = {"total_initial_mismatch": sum(not m for m in match),
-                "total_fly_accepted": sum((not m) and a for m, a in zip(match, accepted))}  # before the gate
+    counters = {
+        "total_initial_mismatch": sum(not m for m in match),
+        "total_fly_accepted": sum((not m) and a for m, a in zip(match, accepted)),
+    }  # before the gate
     if gate_on:
         accepted = [a and r for a, r in zip(accepted, rej_mask)]
     return accepted, counters
@@ -94,8 +97,9 @@ def official_greedy(draft: list[int], logits: torch.Tensor, theta: float, win_le
     return draft[:n] + [target[n]], counters  # target[k] is the bonus
 
 
-def official_two_sample(draft: list[int], logits: torch.Tensor, temperature: float, theta: float, win_len: int,
-                        gen: torch.Generator) -> list[int]:
+def official_two_sample(
+    draft: list[int], logits: torch.Tensor, temperature: float, theta: float, win_len: int, gen: torch.Generator
+) -> list[int]:
     """The official rule at T > 0: a draft token matches when it equals either of two samples from
     softmax(logits / T); the correction is the first sample, the bonus a sample of the last row."""
     k = len(draft)
@@ -109,8 +113,7 @@ def official_two_sample(draft: list[int], logits: torch.Tensor, temperature: flo
     return draft[:n] + ([first[n]] if n < k else [bonus])
 
 
-def vllm_native_greedy(draft: list[int], logits: torch.Tensor, theta: float, window: int,
-                       top_k: int = 3) -> list[int]:
+def vllm_native_greedy(draft: list[int], logits: torch.Tensor, theta: float, window: int, top_k: int = 3) -> list[int]:
     """vLLM's native FLy for a greedy request (V2 ``_rejection_kernel``, FLY_WINDOW_SIZE = window >= 1): returns
     the emitted tokens (kept draft prefix, then the correction or the bonus)."""
     assert window >= 1, "vLLM's native FLy needs fly_window_size >= 1 (0 turns FLy off in its kernel)"
@@ -139,8 +142,16 @@ def vllm_native_greedy(draft: list[int], logits: torch.Tensor, theta: float, win
     return draft + [target[k]]
 
 
-def vllm_native_sampled(draft: list[int], q: torch.Tensor | None, logits: torch.Tensor, theta: float, window: int,
-                        gen: torch.Generator, temperature: float = 1.0, top_k: int = 3) -> list[int]:
+def vllm_native_sampled(
+    draft: list[int],
+    q: torch.Tensor | None,
+    logits: torch.Tensor,
+    theta: float,
+    window: int,
+    gen: torch.Generator,
+    temperature: float = 1.0,
+    top_k: int = 3,
+) -> list[int]:
     """vLLM's native FLy for a sampled request (V1 pre-pass ``apply_fly_random_acceptance_kernel`` then the native
     rejection sampler): ``p = softmax(logits / T)`` (vLLM's processed target distribution, which its gate reads),
     ``q`` the draft's distribution per position (None: one-hot, n-gram). Native acceptance ``p/q >= u``; a native
@@ -158,8 +169,14 @@ def vllm_native_sampled(draft: list[int], q: torch.Tensor | None, logits: torch.
     native = [q_of(j, draft[j]) > 0 and float(p[j, draft[j]]) / q_of(j, draft[j]) >= u[j] for j in range(k)]
     accepted = list(native)
     for j in range(k):
-        if (not native[j] and q_of(j, draft[j]) > 0 and float(p[j, draft[j]]) > 0 and j + window < k
-                and entropy[j] >= theta and all(native[j + o] for o in range(1, window + 1))):
+        if (
+            not native[j]
+            and q_of(j, draft[j]) > 0
+            and float(p[j, draft[j]]) > 0
+            and j + window < k
+            and entropy[j] >= theta
+            and all(native[j + o] for o in range(1, window + 1))
+        ):
             accepted[j] = True
     n = first_false(accepted)
     if n == k:
@@ -171,6 +188,7 @@ def vllm_native_sampled(draft: list[int], q: torch.Tensor | None, logits: torch.
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
+
 
 def logits_for(target: list[int], flat=(), vocab: int = V, masked: dict | None = None) -> torch.Tensor:
     """[len(target), vocab] logits whose argmax is ``target``: rows in ``flat`` uncertain (top-3 entropy about

@@ -50,7 +50,7 @@ class Collect(TextStreamer):
 
 def new_tokens(out, inputs) -> list[int]:
     seq = out.sequences if isinstance(out, GenerateDecoderOnlyOutput) else out
-    return seq[0, inputs["input_ids"].shape[1]:].tolist()
+    return seq[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,8 +65,15 @@ def test_exact_equals_generate_tiny(tiny, drafter, assist):
     kw = dict(assistant_model=draft) if assist else {}
     if drafter:
         kw["drafter"] = drafter
-    out = model.generate(**inputs, custom_generate=loosespec_generate, method="exact", max_new_tokens=40,
-                         return_dict_in_generate=True, **FIXED, **kw)
+    out = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="exact",
+        max_new_tokens=40,
+        return_dict_in_generate=True,
+        **FIXED,
+        **kw,
+    )
     assert torch.equal(out.sequences, ref)
     assert out.decode_config["drafter"] == (drafter or ("mla" if assist else "ngram"))
     assert out.stats["drafted_tokens"] > 0 and out.stats["new_tokens"] == 40
@@ -78,8 +85,13 @@ def test_default_settings_equal_generate_tiny(tiny):
     """No method, no knob: exact with the cost-aware draft length, as loosespec's own default."""
     model, draft, _, inputs = tiny
     ref = model.generate(**inputs, do_sample=False, max_new_tokens=24)
-    out = model.generate(**inputs, custom_generate=loosespec_generate, assistant_model=draft, max_new_tokens=24,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        assistant_model=draft,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, ref)
     assert out.decode_config["method"] == "exact" and out.decode_config["adaptive_draft_length"] is True
 
@@ -88,10 +100,25 @@ def test_default_settings_equal_generate_tiny(tiny):
 def test_fly_closed_gate_equals_exact_tiny(tiny, assist):
     model, draft, _, inputs = tiny
     kw = dict(assistant_model=draft) if assist else {}
-    exact = model.generate(**inputs, custom_generate=loosespec_generate, method="exact", num_draft_tokens=15,
-                           max_new_tokens=40, **FIXED, **kw)
-    fly = model.generate(**inputs, custom_generate=loosespec_generate, method="fly", fly_entropy_threshold=CLOSED,
-                         max_new_tokens=40, return_dict_in_generate=True, **FIXED, **kw)
+    exact = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="exact",
+        num_draft_tokens=15,
+        max_new_tokens=40,
+        **FIXED,
+        **kw,
+    )
+    fly = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="fly",
+        fly_entropy_threshold=CLOSED,
+        max_new_tokens=40,
+        return_dict_in_generate=True,
+        **FIXED,
+        **kw,
+    )
     assert torch.equal(fly.sequences, exact)
     assert fly.stats["fly_deferred"] == 0 and fly.stats["fly_hard_rejects"] > 0
     assert fly.decode_config["lossy"] is True and fly.decode_config["method"] == "fly"
@@ -100,8 +127,14 @@ def test_fly_closed_gate_equals_exact_tiny(tiny, assist):
 def test_open_gate_is_lossy_and_accepts_more_tiny(tiny):
     model, draft, _, inputs = tiny
     kw = dict(assistant_model=draft, drafter="model", max_new_tokens=60, return_dict_in_generate=True, **FIXED)
-    exact = model.generate(**inputs, custom_generate=loosespec_generate, method="exact", num_draft_tokens=15,
-                           draft_confidence_threshold=0.0, **kw)
+    exact = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="exact",
+        num_draft_tokens=15,
+        draft_confidence_threshold=0.0,
+        **kw,
+    )
     fly = model.generate(**inputs, custom_generate=loosespec_generate, method="fly", fly_window_size=2, **kw)
     assert fly.stats["fly_deferred"] > 0
     assert fly.stats["mean_accepted_length"] > exact.stats["mean_accepted_length"]
@@ -122,17 +155,33 @@ def test_streamer_receives_the_text_generate_streams_tiny(tiny, assist):
 
 def test_return_dict_carries_the_statistics_tiny(tiny):
     model, draft, _, inputs = tiny
-    out = model.generate(**inputs, custom_generate=loosespec_generate, assistant_model=draft, max_new_tokens=20,
-                         return_dict_in_generate=True, **FIXED)
+    out = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        assistant_model=draft,
+        max_new_tokens=20,
+        return_dict_in_generate=True,
+        **FIXED,
+    )
     assert isinstance(out, GenerateDecoderOnlyOutput) and out.sequences.shape == (1, inputs["input_ids"].shape[1] + 20)
-    for key in ("new_tokens", "rounds", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
-                "mean_accepted_length", "acceptance_rate", "wall_s"):
+    for key in (
+        "new_tokens",
+        "rounds",
+        "target_forwards",
+        "draft_forwards",
+        "drafted_tokens",
+        "accepted_tokens",
+        "mean_accepted_length",
+        "acceptance_rate",
+        "wall_s",
+    ):
         assert key in out.stats, key
     assert out.stats["new_tokens"] == 20 and out.stats["rounds"] < 20
     assert out.finish_reason == "length" and out.decode_config["num_draft_tokens"] == 15
     assert out["stats"] is out.stats  # a ModelOutput field, like sequences
-    plain = model.generate(**inputs, custom_generate=loosespec_generate, assistant_model=draft, max_new_tokens=20,
-                           **FIXED)
+    plain = model.generate(
+        **inputs, custom_generate=loosespec_generate, assistant_model=draft, max_new_tokens=20, **FIXED
+    )
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, out.sequences)
 
 
@@ -141,8 +190,9 @@ def test_eos_token_id_ends_where_generate_ends_tiny(tiny):
     free = new_tokens(model.generate(**inputs, do_sample=False, max_new_tokens=30), inputs)
     eos = free[7]  # a token generate emits: with it as the end token, generation stops there
     ref = model.generate(**inputs, do_sample=False, max_new_tokens=30, eos_token_id=eos)
-    out = model.generate(**inputs, custom_generate=loosespec_generate, max_new_tokens=30, eos_token_id=eos,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        **inputs, custom_generate=loosespec_generate, max_new_tokens=30, eos_token_id=eos, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, ref) and out.sequences[0, -1].item() == eos
     assert out.finish_reason == "stop" and out.stats["new_tokens"] == free.index(eos) + 1
 
@@ -162,16 +212,23 @@ def test_left_padding_kept_like_generate_tiny(tiny):
     ids = torch.cat([torch.full((1, 3), pad), inputs["input_ids"]], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), inputs["attention_mask"]], dim=1)
     plain = model.generate(**inputs, custom_generate=loosespec_generate, max_new_tokens=16)
-    out = model.generate(input_ids=ids, attention_mask=mask, custom_generate=loosespec_generate, max_new_tokens=16,
-                         pad_token_id=pad)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, custom_generate=loosespec_generate, max_new_tokens=16, pad_token_id=pad
+    )
     assert out[0, :3].tolist() == [pad] * 3
     assert torch.equal(out[:, 3:], plain)
 
 
 def test_sampling_honours_the_seed_and_torch_manual_seed_tiny(tiny):
     model, draft, _, inputs = tiny
-    kw = dict(custom_generate=loosespec_generate, assistant_model=draft, do_sample=True, temperature=0.9,
-              max_new_tokens=24, return_dict_in_generate=True)
+    kw = dict(
+        custom_generate=loosespec_generate,
+        assistant_model=draft,
+        do_sample=True,
+        temperature=0.9,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+    )
     a = model.generate(**inputs, seed=5, **kw)
     b = model.generate(**inputs, seed=5, **kw)
     assert torch.equal(a.sequences, b.sequences)
@@ -184,26 +241,29 @@ def test_sampling_honours_the_seed_and_torch_manual_seed_tiny(tiny):
     assert torch.equal(c.sequences, d.sequences) and c.decode_config["seed"] == d.decode_config["seed"]
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(num_beams=2), "num_beams=2"),
-    (dict(num_return_sequences=2, do_sample=True, method="rejection"), "num_return_sequences=2"),
-    (dict(batch=2), "batch size 2"),
-    (dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
-    (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size=3"),
-    (dict(output_scores=True, return_dict_in_generate=True), "output_scores=True"),
-    (dict(stop_strings=["\n"]), "stop.strings"),  # transformers refuses it first without a tokenizer
-    (dict(prompt_lookup_num_tokens=10), "prompt_lookup_num_tokens=10"),
-    (dict(method="fly", fly_window_size=-1), "fly_window_size must be >= 0, got -1"),
-    (dict(method="fly", fly_window_size=15), "need fly_window_size < num_draft_tokens"),
-    (dict(method="fly", fly_entropy_threshold=0.005), "fly_entropy_threshold"),
-    (dict(method="nope"), "method must be one of"),
-    (dict(drafter="mla"), "drafter='mla' drafts with a draft model: pass assistant_model="),
-    (dict(method="specguard"), "method='specguard'"),
-    (dict(do_sample=True, method="exact"), "do_sample=True with method='exact'"),
-    (dict(num_draft_tokens="many"), "num_draft_tokens .*integer"),
-    (dict(fly_windowsize=3), "fly_windowsize"),  # a typo: transformers' own check names it
-    (dict(max_new_tokens=0), "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(num_beams=2), "num_beams=2"),
+        (dict(num_return_sequences=2, do_sample=True, method="rejection"), "num_return_sequences=2"),
+        (dict(batch=2), "batch size 2"),
+        (dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
+        (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size=3"),
+        (dict(output_scores=True, return_dict_in_generate=True), "output_scores=True"),
+        (dict(stop_strings=["\n"]), "stop.strings"),  # transformers refuses it first without a tokenizer
+        (dict(prompt_lookup_num_tokens=10), "prompt_lookup_num_tokens=10"),
+        (dict(method="fly", fly_window_size=-1), "fly_window_size must be >= 0, got -1"),
+        (dict(method="fly", fly_window_size=15), "need fly_window_size < num_draft_tokens"),
+        (dict(method="fly", fly_entropy_threshold=0.005), "fly_entropy_threshold"),
+        (dict(method="nope"), "method must be one of"),
+        (dict(drafter="mla"), "drafter='mla' drafts with a draft model: pass assistant_model="),
+        (dict(method="specguard"), "method='specguard'"),
+        (dict(do_sample=True, method="exact"), "do_sample=True with method='exact'"),
+        (dict(num_draft_tokens="many"), "num_draft_tokens .*integer"),
+        (dict(fly_windowsize=3), "fly_windowsize"),  # a typo: transformers' own check names it
+        (dict(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
 def test_bad_arguments_fail_before_decoding_with_one_line(tiny, kw, needle):
     model, _, _, inputs = tiny
     kw = dict(kw)
@@ -253,15 +313,20 @@ def test_module_says_fly_and_specguard_are_lossy():
 def hub_dir(tmp_path_factory):
     """What `make hf-custom-generate` writes (the command it runs), into a fresh directory."""
     out = tmp_path_factory.mktemp("hub") / "hf_custom_generate"
-    p = subprocess.run([sys.executable, "-m", "loosespec.integrations.hf_hub", str(out)],  # the interpreter under test
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "loosespec.integrations.hf_hub", str(out)],  # the interpreter under test
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     return out
 
 
 def test_make_target_writes_the_hub_layout():
-    p = subprocess.run(["make", "-n", "hf-custom-generate", "HF_CUSTOM_GENERATE_DIR=/x/y"], capture_output=True,
-                       text=True, cwd=ROOT)
+    p = subprocess.run(
+        ["make", "-n", "hf-custom-generate", "HF_CUSTOM_GENERATE_DIR=/x/y"], capture_output=True, text=True, cwd=ROOT
+    )
     assert p.returncode == 0, p.stderr
     assert ".venv/bin/python -m loosespec.integrations.hf_hub /x/y" in p.stdout
     phony = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith(".PHONY:"))
@@ -270,7 +335,10 @@ def test_make_target_writes_the_hub_layout():
 
 def test_hub_layout_files(hub_dir):
     assert sorted(str(p.relative_to(hub_dir)) for p in hub_dir.rglob("*") if p.is_file()) == [
-        "README.md", "custom_generate/generate.py", "custom_generate/requirements.txt"]
+        "README.md",
+        "custom_generate/generate.py",
+        "custom_generate/requirements.txt",
+    ]
     readme = (hub_dir / "README.md").read_text()
     assert "custom_generate" in readme.split("---")[1]  # the Hub's tag for custom generation methods
     assert "**`fly` and `specguard` are LOSSY**" in readme and "pip install" in readme
@@ -284,8 +352,9 @@ def test_hub_layout_loads_and_equals_the_callable(tiny, hub_dir, method):
     kw = dict(assistant_model=draft, method=method, max_new_tokens=30, return_dict_in_generate=True, **FIXED)
     ours = model.generate(**inputs, custom_generate=loosespec_generate, **kw)
     streamer = Collect(tok)
-    loaded = model.generate(**inputs, custom_generate=str(hub_dir), trust_remote_code=True, streamer=streamer,
-                            tokenizer=tok, **kw)
+    loaded = model.generate(
+        **inputs, custom_generate=str(hub_dir), trust_remote_code=True, streamer=streamer, tokenizer=tok, **kw
+    )
     assert torch.equal(loaded.sequences, ours.sequences)
     assert loaded.stats["draft_forwards"] > 0 and loaded.decode_config["lossy"] is (method == "fly")
     assert streamer.text == tok.decode(new_tokens(loaded, inputs), skip_special_tokens=True)
@@ -317,8 +386,12 @@ def smol():
     path = resolve("smollm2-135m-instruct", progress=False).path
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # noqa: E731
     tok = AutoTokenizer.from_pretrained(path)
-    inputs = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a list."}],
-                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that reverses a list."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     return load(), load(), tok, inputs
 
 
@@ -331,13 +404,30 @@ def test_exact_and_closed_fly_equal_generate_smollm(smol, assist):
     ref = model.generate(**inputs, do_sample=False, max_new_tokens=24, streamer=theirs)
     kw = dict(assistant_model=draft) if assist else {}
     ours = Collect(tok)
-    exact = model.generate(**inputs, custom_generate=loosespec_generate, method="exact", num_draft_tokens=15,
-                           max_new_tokens=24, streamer=ours, return_dict_in_generate=True, **FIXED, **kw)
+    exact = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="exact",
+        num_draft_tokens=15,
+        max_new_tokens=24,
+        streamer=ours,
+        return_dict_in_generate=True,
+        **FIXED,
+        **kw,
+    )
     assert torch.equal(exact.sequences, ref)
     assert ours.text == theirs.text != ""
     assert exact.stats["accepted_tokens"] > 0 and (exact.stats["draft_forwards"] > 0) is assist
-    fly = model.generate(**inputs, custom_generate=loosespec_generate, method="fly", fly_entropy_threshold=CLOSED,
-                         max_new_tokens=24, return_dict_in_generate=True, **FIXED, **kw)
+    fly = model.generate(
+        **inputs,
+        custom_generate=loosespec_generate,
+        method="fly",
+        fly_entropy_threshold=CLOSED,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+        **FIXED,
+        **kw,
+    )
     assert torch.equal(fly.sequences, ref) and fly.decode_config["lossy"] is True
 
 
@@ -366,10 +456,12 @@ def test_readme_snippet_runs_as_written(tmp_path, monkeypatch, capsys):
 @pytest.mark.default_pair
 def test_readme_snippet_on_the_default_pair(tmp_path, monkeypatch, capsys):
     snippet = readme_snippet()
-    snippet = snippet.replace('target_dir = resolve("smollm2-135m-instruct")',
-                              'target_dir = resolve("qwen2.5-coder-1.5b-instruct")', 1)
-    snippet = snippet.replace('draft_dir = resolve("smollm2-135m-instruct")',
-                              'draft_dir = resolve("qwen2.5-coder-0.5b-instruct")', 1)
+    snippet = snippet.replace(
+        'target_dir = resolve("smollm2-135m-instruct")', 'target_dir = resolve("qwen2.5-coder-1.5b-instruct")', 1
+    )
+    snippet = snippet.replace(
+        'draft_dir = resolve("smollm2-135m-instruct")', 'draft_dir = resolve("qwen2.5-coder-0.5b-instruct")', 1
+    )
     assert "qwen2.5-coder-1.5b-instruct" in snippet and "qwen2.5-coder-0.5b-instruct" in snippet
     out = run_readme_snippet(tmp_path, monkeypatch, snippet, capsys)
     assert "def " in out and " True\n" in out

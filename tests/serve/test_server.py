@@ -100,8 +100,9 @@ def smol():
     from loosespec.decode.engine import Engine
 
     engine = Engine.load("smollm2-135m-instruct", None, dtype="float32", device="cpu", progress=False)
-    settings = ServerSettings(served_model_name="smollm2-135m-instruct", max_queue=16, max_tokens_default=16,
-                              defaults={"method": "exact"})
+    settings = ServerSettings(
+        served_model_name="smollm2-135m-instruct", max_queue=16, max_tokens_default=16, defaults={"method": "exact"}
+    )
     server = LiveServer(create_app(engine, settings))
     yield server
     server.close()
@@ -111,11 +112,18 @@ def smol():
 def tiny(tiny_dir):
     from loosespec.decode.engine import Engine
 
-    engine = SlowEngine(Engine.load(str(tiny_dir / "target"), str(tiny_dir / "draft"), dtype="float32",
-                                    device="cpu", progress=False))
+    engine = SlowEngine(
+        Engine.load(str(tiny_dir / "target"), str(tiny_dir / "draft"), dtype="float32", device="cpu", progress=False)
+    )
     engine.tokenizer.chat_template = TINY_TEMPLATE
-    settings = ServerSettings(served_model_name="tiny", aliases=(str(tiny_dir / "target"),), api_key=KEY,
-                              max_queue=2, max_tokens_default=8, defaults={"method": "exact"})
+    settings = ServerSettings(
+        served_model_name="tiny",
+        aliases=(str(tiny_dir / "target"),),
+        api_key=KEY,
+        max_queue=2,
+        max_tokens_default=8,
+        defaults={"method": "exact"},
+    )
     server = LiveServer(create_app(engine, settings))
     server.engine = engine
     yield server
@@ -145,7 +153,7 @@ def sse_events(lines) -> list:
             continue
         assert line.startswith("data: "), line
         assert not done, "event after [DONE]"
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         if data == "[DONE]":
             done = True
             continue
@@ -167,8 +175,16 @@ def assert_openai_error(r, status=None):
 
 def spec_ok(spec: dict, method: str):
     """The speculative_decoding block: vLLM's counter names, as counts, and rates derived as vLLM derives them."""
-    for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
-              "draft_acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "num_rounds"):
+    for k in (
+        "num_drafts",
+        "num_draft_tokens",
+        "num_accepted_tokens",
+        "num_accepted_tokens_per_pos",
+        "draft_acceptance_rate",
+        "mean_acceptance_length",
+        "per_position_acceptance_rate",
+        "num_rounds",
+    ):
         assert k in spec, k
     assert spec["method"] == method
     assert 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
@@ -177,13 +193,16 @@ def spec_ok(spec: dict, method: str):
     assert all(isinstance(c, int) for c in per_pos) and sum(per_pos) == spec["num_accepted_tokens"]
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a position is reached only past the ones before
     if spec["num_draft_tokens"]:
-        assert spec["draft_acceptance_rate"] == pytest.approx(spec["num_accepted_tokens"] / spec["num_draft_tokens"],
-                                                              abs=1e-4)
+        assert spec["draft_acceptance_rate"] == pytest.approx(
+            spec["num_accepted_tokens"] / spec["num_draft_tokens"], abs=1e-4
+        )
     if spec["num_drafts"]:
-        assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"],
-                                                               abs=1e-4)
-        assert spec["per_position_acceptance_rate"] == pytest.approx([c / spec["num_drafts"] for c in per_pos],
-                                                                     abs=1e-4)
+        assert spec["mean_acceptance_length"] == pytest.approx(
+            1 + spec["num_accepted_tokens"] / spec["num_drafts"], abs=1e-4
+        )
+        assert spec["per_position_acceptance_rate"] == pytest.approx(
+            [c / spec["num_drafts"] for c in per_pos], abs=1e-4
+        )
     assert spec["lossy"] == (method in ("fly", "specguard"))
 
 
@@ -197,8 +216,12 @@ def test_models_health_and_completion(smol):
     c = client(smol)
     assert [m.id for m in c.models.list().data] == ["smollm2-135m-instruct"]
     assert httpx.get(smol.url + "/health").json()["status"] == "ok"
-    r = c.completions.create(model="smollm2-135m-instruct", prompt="def fibonacci(n):", max_tokens=12,
-                             extra_body={"method": "exact", "drafter": "ngram"})
+    r = c.completions.create(
+        model="smollm2-135m-instruct",
+        prompt="def fibonacci(n):",
+        max_tokens=12,
+        extra_body={"method": "exact", "drafter": "ngram"},
+    )
     assert r.object == "text_completion" and r.choices[0].text
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 0
@@ -206,8 +229,15 @@ def test_models_health_and_completion(smol):
     spec = r.model_extra["metrics"]["speculative_decoding"]
     spec_ok(spec, "exact")
     # streaming gives the same text
-    parts = list(c.completions.create(model="smollm2-135m-instruct", prompt="def fibonacci(n):", max_tokens=12,
-                                      stream=True, extra_body={"method": "exact", "drafter": "ngram"}))
+    parts = list(
+        c.completions.create(
+            model="smollm2-135m-instruct",
+            prompt="def fibonacci(n):",
+            max_tokens=12,
+            stream=True,
+            extra_body={"method": "exact", "drafter": "ngram"},
+        )
+    )
     assert "".join(p.choices[0].text for p in parts if p.choices) == r.choices[0].text
     assert parts[-1].choices[0].finish_reason == r.choices[0].finish_reason
 
@@ -216,10 +246,15 @@ def test_models_health_and_completion(smol):
 def test_chat_lossless_equals_ar(smol):
     c = client(smol)
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colors."}]
-    ar = c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=16,
-                                   extra_body={"method": "ar"})
-    ex = c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_completion_tokens=16,
-                                   extra_body={"method": "exact", "num_draft_tokens": 4})
+    ar = c.chat.completions.create(
+        model="smollm2-135m-instruct", messages=msgs, max_tokens=16, extra_body={"method": "ar"}
+    )
+    ex = c.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=msgs,
+        max_completion_tokens=16,
+        extra_body={"method": "exact", "num_draft_tokens": 4},
+    )
     assert ar.object == "chat.completion" and ar.choices[0].message.role == "assistant"
     assert ex.choices[0].message.content == ar.choices[0].message.content  # lossless, float32
     assert ar.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
@@ -232,9 +267,13 @@ def test_acceptance_chat_stream_fly_with_usage_and_metrics(smol):
     """The issue's acceptance check: stream a chat completion with extra_body={"method": "fly"}."""
     c = client(smol)
     stream = c.chat.completions.create(
-        model="smollm2-135m-instruct", stream=True, stream_options={"include_usage": True}, max_tokens=24,
+        model="smollm2-135m-instruct",
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=24,
         messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
-        extra_body={"method": "fly", "fly_window_size": 4, "seed": 3})
+        extra_body={"method": "fly", "fly_window_size": 4, "seed": 3},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(ch.object == "chat.completion.chunk" and ch.id == chunks[0].id for ch in chunks)
@@ -247,16 +286,22 @@ def test_acceptance_chat_stream_fly_with_usage_and_metrics(smol):
     spec_ok(spec, "fly")
     assert "fly_deferred" in spec and "fly_prefix_mismatches" in spec and "fly_copy_rejects" not in spec
     guarded = c.chat.completions.create(  # FLy's copy guard on: its counter is exported too
-        model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": "Count from 1 to 20."}],
-        extra_body={"method": "fly", "fly_copy_guard": 1, "seed": 3})
+        model="smollm2-135m-instruct",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Count from 1 to 20."}],
+        extra_body={"method": "fly", "fly_copy_guard": 1, "seed": 3},
+    )
     assert "fly_copy_rejects" in guarded.model_extra["metrics"]["speculative_decoding"]
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens >= 1
     assert spec["num_drafts"] >= 1 and spec["num_rounds"] <= usage.usage.completion_tokens
     # the same request without streaming gives the same text (greedy)
-    r = c.chat.completions.create(model="smollm2-135m-instruct", max_tokens=24,
-                                  messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
-                                  extra_body={"method": "fly", "fly_window_size": 4, "seed": 3})
+    r = c.chat.completions.create(
+        model="smollm2-135m-instruct",
+        max_tokens=24,
+        messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+        extra_body={"method": "fly", "fly_window_size": 4, "seed": 3},
+    )
     assert r.choices[0].message.content == text
     assert r.model_extra["metrics"]["speculative_decoding"]["lossy"] is True
 
@@ -278,8 +323,9 @@ def test_request_errors_through_openai_client(smol):
     with pytest.raises(openai.BadRequestError, match="fly_windw_size"):  # a typo in loosespec's namespace
         c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, extra_body={"fly_windw_size": 3})
     # unknown fields outside loosespec's namespaces are ignored, as vLLM does
-    r = c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=2,
-                                  extra_body={"some_vendor_field": 1})
+    r = c.chat.completions.create(
+        model="smollm2-135m-instruct", messages=msgs, max_tokens=2, extra_body={"some_vendor_field": 1}
+    )
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
@@ -291,8 +337,11 @@ def test_request_errors_through_openai_client(smol):
 def _stream_chat(url: str, body: dict) -> tuple[str, dict, str]:
     """Stream one chat completion with httpx; check every event's shape; return text, metrics, id."""
     with httpx.Client(timeout=300) as h:
-        with h.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True,
-                                                                    "stream_options": {"include_usage": True}}) as r:
+        with h.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             assert r.status_code == 200, r.read()
             assert r.headers["content-type"].startswith("text/event-stream")
             events = sse_events(r.iter_lines())
@@ -311,17 +360,45 @@ def _stream_chat(url: str, body: dict) -> tuple[str, dict, str]:
 @pytest.mark.real_model
 @pytest.mark.slow  # the tiny-model server tests run concurrent streams in make test
 def test_load_16_concurrent_streams(smol):
-    subjects = ["cats", "rivers", "bread", "stars", "trains", "chess", "tea", "snow", "bees", "maps", "glass",
-                "wind", "salt", "owls", "clocks", "paper"]
+    subjects = [
+        "cats",
+        "rivers",
+        "bread",
+        "stars",
+        "trains",
+        "chess",
+        "tea",
+        "snow",
+        "bees",
+        "maps",
+        "glass",
+        "wind",
+        "salt",
+        "owls",
+        "clocks",
+        "paper",
+    ]
     methods = ["exact", "fly", "ar", "exact"]
-    bodies = [{"model": "smollm2-135m-instruct", "max_tokens": 8, "seed": i,
-               "messages": [{"role": "user", "content": f"One sentence about {s}."}],
-               "method": methods[i % len(methods)]} for i, s in enumerate(subjects)]
+    bodies = [
+        {
+            "model": "smollm2-135m-instruct",
+            "max_tokens": 8,
+            "seed": i,
+            "messages": [{"role": "user", "content": f"One sentence about {s}."}],
+            "method": methods[i % len(methods)],
+        }
+        for i, s in enumerate(subjects)
+    ]
     c = client(smol)
-    alone = [c.chat.completions.create(**{k: v for k, v in b.items() if k in ("model", "max_tokens", "seed",
-                                                                               "messages")},
-                                       extra_body={"method": b["method"]}).choices[0].message.content
-             for b in bodies]
+    alone = [
+        c.chat.completions.create(
+            **{k: v for k, v in b.items() if k in ("model", "max_tokens", "seed", "messages")},
+            extra_body={"method": b["method"]},
+        )
+        .choices[0]
+        .message.content
+        for b in bodies
+    ]
     finished_before = metric(smol, "loosespec:request_success_total")
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda b: _stream_chat(smol.url, b), bodies))
@@ -351,8 +428,13 @@ def _wait_for(predicate, timeout=20.0, what=""):
 def test_disconnect_mid_stream_frees_the_model(smol):
     cancelled = metric(smol, "loosespec:requests_cancelled_total")
     tokens_before = metric(smol, "loosespec:generation_tokens_total", method="ar")
-    body = {"model": "smollm2-135m-instruct", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 4000, "stream": True,
-            "method": "ar"}
+    body = {
+        "model": "smollm2-135m-instruct",
+        "prompt": "1, 2, 3, 4, 5,",
+        "max_tokens": 4000,
+        "stream": True,
+        "method": "ar",
+    }
     with httpx.Client(timeout=60) as h:
         with h.stream("POST", smol.url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
@@ -379,8 +461,11 @@ def test_disconnect_mid_stream_frees_the_model(smol):
 def test_auth(tiny):
     body = {"model": "tiny", "prompt": "abc", "max_tokens": 2}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
-        for method, path, kw in (("POST", "/v1/completions", {"json": body}), ("GET", "/v1/models", {}),
-                                 ("POST", "/v1/chat/completions", {"content": b"{not json"})):
+        for method, path, kw in (
+            ("POST", "/v1/completions", {"json": body}),
+            ("GET", "/v1/models", {}),
+            ("POST", "/v1/chat/completions", {"content": b"{not json"}),
+        ):
             r = httpx.request(method, tiny.url + path, headers=headers, **kw)
             err = assert_openai_error(r, 401)
             assert err["type"] == "authentication_error"
@@ -398,31 +483,53 @@ def test_auth(tiny):
 
 def test_specguard_and_fly_on_the_tiny_pair(tiny):
     c = client(tiny, key=KEY)
-    r = c.completions.create(model="tiny", prompt="def f(x):\n", max_tokens=16,
-                             extra_body={"method": "specguard", "sg_max_step_tokens": 6, "sg_candidates": 2})
+    r = c.completions.create(
+        model="tiny",
+        prompt="def f(x):\n",
+        max_tokens=16,
+        extra_body={"method": "specguard", "sg_max_step_tokens": 6, "sg_candidates": 2},
+    )
     spec = r.model_extra["metrics"]["speculative_decoding"]
     assert spec["method"] == "specguard" and spec["lossy"] is True and spec["sg_steps"] >= 1
     assert 0 <= spec["sg_accepted_steps"] <= spec["sg_steps"]
-    r = c.chat.completions.create(model=str(tiny.engine.target.name), max_tokens=12,  # the alias works too
-                                  messages=[{"role": "user", "content": "abcabcabc"}],
-                                  extra_body={"method": "fly", "drafter": "model", "fly_entropy_threshold": 0.0,
-                                                  # the tiny draft costs as much as its target: the
-                                                  # cost-aware length would rightly draft nothing
-                                                  "adaptive_draft_length": False})
+    r = c.chat.completions.create(
+        model=str(tiny.engine.target.name),
+        max_tokens=12,  # the alias works too
+        messages=[{"role": "user", "content": "abcabcabc"}],
+        extra_body={
+            "method": "fly",
+            "drafter": "model",
+            "fly_entropy_threshold": 0.0,
+            # the tiny draft costs as much as its target: the
+            # cost-aware length would rightly draft nothing
+            "adaptive_draft_length": False,
+        },
+    )
     spec_ok(r.model_extra["metrics"]["speculative_decoding"], "fly")
     assert metric(tiny, "loosespec:specguard_steps_total") >= 1
     fly = r.model_extra["metrics"]["speculative_decoding"]
     assert metric(tiny, "loosespec:spec_decode_num_draft_tokens_total", method="fly") == fly["num_draft_tokens"] >= 1
     assert metric(tiny, "loosespec:spec_decode_num_drafts_total", method="fly") == fly["num_drafts"]
-    assert metric(tiny, "loosespec:spec_decode_num_accepted_tokens_per_pos_total", method="fly",
-                  position="0") == fly["num_accepted_tokens_per_pos"][0]
+    assert (
+        metric(tiny, "loosespec:spec_decode_num_accepted_tokens_per_pos_total", method="fly", position="0")
+        == fly["num_accepted_tokens_per_pos"][0]
+    )
     names = {f.name for f in text_string_to_metric_families(httpx.get(tiny.url + "/metrics").text)}
-    for name in ("loosespec:http_requests", "loosespec:generation_tokens", "loosespec:spec_decode_num_drafts",
-                 "loosespec:spec_decode_num_draft_tokens", "loosespec:spec_decode_num_accepted_tokens",
-                 "loosespec:spec_decode_num_accepted_tokens_per_pos", "loosespec:fly_deferred",
-                 "loosespec:specguard_accepted_steps", "loosespec:e2e_request_latency_seconds",
-                 "loosespec:time_to_first_token_seconds", "loosespec:requests_cancelled",
-                 "loosespec:num_requests_waiting", "loosespec:num_requests_running"):
+    for name in (
+        "loosespec:http_requests",
+        "loosespec:generation_tokens",
+        "loosespec:spec_decode_num_drafts",
+        "loosespec:spec_decode_num_draft_tokens",
+        "loosespec:spec_decode_num_accepted_tokens",
+        "loosespec:spec_decode_num_accepted_tokens_per_pos",
+        "loosespec:fly_deferred",
+        "loosespec:specguard_accepted_steps",
+        "loosespec:e2e_request_latency_seconds",
+        "loosespec:time_to_first_token_seconds",
+        "loosespec:requests_cancelled",
+        "loosespec:num_requests_waiting",
+        "loosespec:num_requests_running",
+    ):
         assert name in names, name
 
 
@@ -432,8 +539,12 @@ def test_the_harness_reads_a_loosespec_server_as_it_reads_vllm(tiny):
 
     before = spec_counters(tiny.url)
     c = client(tiny, key=KEY)
-    r = c.completions.create(model="tiny", prompt="abcabcabcabc", max_tokens=12,
-                             extra_body={"method": "exact", "drafter": "ngram", "adaptive_draft_length": False})
+    r = c.completions.create(
+        model="tiny",
+        prompt="abcabcabcabc",
+        max_tokens=12,
+        extra_body={"method": "exact", "drafter": "ngram", "adaptive_draft_length": False},
+    )
     spec = r.model_extra["metrics"]["speculative_decoding"]
     after = spec_counters(tiny.url)
     assert spec["num_draft_tokens"] >= 1
@@ -460,8 +571,10 @@ def test_full_queue_gets_429_and_queued_disconnects_are_dropped(tiny):
                 with httpx.Client(timeout=60, headers=auth) as h2:
                     with h2.stream("POST", tiny.url + "/v1/completions", json={**short, "stream": True}) as quitter:
                         assert quitter.status_code == 200
-                        _wait_for(lambda: httpx.get(tiny.url + "/health").json()["queue_waiting"] == 2,
-                                  what=lambda: f"2 waiting: {httpx.get(tiny.url + '/health').json()}")
+                        _wait_for(
+                            lambda: httpx.get(tiny.url + "/health").json()["queue_waiting"] == 2,
+                            what=lambda: f"2 waiting: {httpx.get(tiny.url + '/health').json()}",
+                        )
                         r = httpx.post(tiny.url + "/v1/completions", json=short, headers=auth)  # the third: refused
                         err = assert_openai_error(r, 429)
                         assert err["code"] == "rate_limit_exceeded" and "busy" in err["message"]
@@ -482,8 +595,12 @@ def test_non_streaming_client_that_gives_up_is_cancelled(tiny):
     tiny.engine.delay = 0.05
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=1.0,
-                       json={"model": "tiny", "prompt": "x", "max_tokens": 900, "method": "ar"})
+            httpx.post(
+                tiny.url + "/v1/completions",
+                headers=auth,
+                timeout=1.0,
+                json={"model": "tiny", "prompt": "x", "max_tokens": 900, "method": "ar"},
+            )
         _wait_for(lambda: metric(tiny, "loosespec:requests_cancelled_total") == cancelled + 1, what="cancellation")
         _wait_for(lambda: not httpx.get(tiny.url + "/health").json()["running"], what="idle worker")
     finally:
@@ -496,27 +613,85 @@ def test_body_size_limit(tiny):
 
     def chunked():  # no Content-Length: cut off while reading
         for i in range(0, len(big), 1 << 20):
-            yield big[i:i + (1 << 20)]
+            yield big[i : i + (1 << 20)]
 
     for content in (big, chunked()):
-        err = assert_openai_error(httpx.post(tiny.url + "/v1/completions", content=content, headers=headers,
-                                             timeout=60), 413)
+        err = assert_openai_error(
+            httpx.post(tiny.url + "/v1/completions", content=content, headers=headers, timeout=60), 413
+        )
         assert err["code"] == "request_too_large"
 
 
 def _fuzz_requests(rng: random.Random, big_prompt: str):
     """(method, path, kwargs) for httpx.request: malformed, odd and some valid requests."""
     chat, comp = "/v1/chat/completions", "/v1/completions"
-    junk_values = [None, True, False, 0, -1, 1.5, -1e308, 10**30, "", "x" * 50, [], [1, "a"], {}, {"a": 1},
-                   "NaN", [[1]], [{"role": "user"}]]
-    fields = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-              "stop", "stream", "stream_options", "seed", "n", "method", "drafter", "num_draft_tokens",
-              "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k", "fly_sampling", "sg_candidates",
-              "sg_temperature", "sg_beta", "sg_tau", "sg_delimiter", "sg_embedder", "sg_on_reject", "sg_verify",
-              "sg_max_step_tokens", "logprobs", "tools", "response_format", "user", "logit_bias"]
-    good_values = {"method": ["ar", "exact", "rejection", "fly", "specguard"], "drafter": ["ngram", "model", "mla"],
-                   "temperature": [0, 0.0, 0.7], "max_tokens": [1, 3, 8], "seed": [0, 7], "stream": [True, False],
-                   "stop": ["a", ["b", "c"]], "num_draft_tokens": [1, 4], "top_k": [0, 5], "top_p": [0.5, 1]}
+    junk_values = [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        1.5,
+        -1e308,
+        10**30,
+        "",
+        "x" * 50,
+        [],
+        [1, "a"],
+        {},
+        {"a": 1},
+        "NaN",
+        [[1]],
+        [{"role": "user"}],
+    ]
+    fields = [
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop",
+        "stream",
+        "stream_options",
+        "seed",
+        "n",
+        "method",
+        "drafter",
+        "num_draft_tokens",
+        "fly_window_size",
+        "fly_entropy_threshold",
+        "fly_entropy_top_k",
+        "fly_sampling",
+        "sg_candidates",
+        "sg_temperature",
+        "sg_beta",
+        "sg_tau",
+        "sg_delimiter",
+        "sg_embedder",
+        "sg_on_reject",
+        "sg_verify",
+        "sg_max_step_tokens",
+        "logprobs",
+        "tools",
+        "response_format",
+        "user",
+        "logit_bias",
+    ]
+    good_values = {
+        "method": ["ar", "exact", "rejection", "fly", "specguard"],
+        "drafter": ["ngram", "model", "mla"],
+        "temperature": [0, 0.0, 0.7],
+        "max_tokens": [1, 3, 8],
+        "seed": [0, 7],
+        "stream": [True, False],
+        "stop": ["a", ["b", "c"]],
+        "num_draft_tokens": [1, 4],
+        "top_k": [0, 5],
+        "top_p": [0.5, 1],
+    }
 
     def valid(chat_: bool) -> dict:
         b = {"model": rng.choice(["tiny", None]), "max_tokens": rng.randint(1, 6)}
@@ -530,12 +705,18 @@ def _fuzz_requests(rng: random.Random, big_prompt: str):
         return {"content": body, "headers": {"content-type": "application/json"}}
 
     fixed = [
-        ("POST", chat, raw(b"{bad json")), ("POST", chat, raw(b"")), ("POST", chat, {"content": b"{bad json"}),
-        ("POST", comp, raw(b"\xff\xfe\x00garbage")), ("POST", chat, raw(b"null")),
-        ("POST", chat, raw(b"[]")), ("POST", chat, raw(b'"str"')), ("POST", comp, raw(b'{"prompt": "a"' * 1000)),
+        ("POST", chat, raw(b"{bad json")),
+        ("POST", chat, raw(b"")),
+        ("POST", chat, {"content": b"{bad json"}),
+        ("POST", comp, raw(b"\xff\xfe\x00garbage")),
+        ("POST", chat, raw(b"null")),
+        ("POST", chat, raw(b"[]")),
+        ("POST", chat, raw(b'"str"')),
+        ("POST", comp, raw(b'{"prompt": "a"' * 1000)),
         ("POST", chat, raw(b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}')),
         ("POST", chat, raw(b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}')),
-        ("POST", chat, {"json": {"messages": []}}), ("POST", chat, {"json": {"messages": "hi"}}),
+        ("POST", chat, {"json": {"messages": []}}),
+        ("POST", chat, {"json": {"messages": "hi"}}),
         ("POST", chat, {"json": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}}),
         ("POST", chat, {"json": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}}),
         ("POST", chat, {"json": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**12}}),
@@ -546,16 +727,22 @@ def _fuzz_requests(rng: random.Random, big_prompt: str):
         ("POST", chat, {"json": {"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}}),
         ("POST", chat, {"json": {"messages": [{"role": "user", "content": big_prompt}]}}),
         ("POST", comp, {"json": {"prompt": big_prompt, "max_tokens": 4}}),
-        ("POST", comp, {"json": {"prompt": ""}}), ("POST", comp, {"json": {"prompt": []}}),
-        ("POST", comp, {"json": {"prompt": ["a", "b"]}}), ("POST", comp, {"json": {"prompt": [10**9]}}),
+        ("POST", comp, {"json": {"prompt": ""}}),
+        ("POST", comp, {"json": {"prompt": []}}),
+        ("POST", comp, {"json": {"prompt": ["a", "b"]}}),
+        ("POST", comp, {"json": {"prompt": [10**9]}}),
         ("POST", comp, {"json": {"prompt": "a", "stop": [""]}}),
         ("POST", comp, {"json": {"prompt": "a", "fly_entropy_top_k": 10**5}}),
         ("POST", comp, {"json": {"prompt": "a", "seed": -1}}),
         ("POST", comp, {"json": {"prompt": "a", "method": "exact", "temperature": 1.0}}),
         ("POST", comp, {"data": {"prompt": "a"}}),  # form-encoded
         ("POST", comp, {"content": b'{"prompt": "a"}', "headers": {"content-type": "text/plain"}}),
-        ("GET", chat, {}), ("PUT", comp, {}), ("DELETE", "/v1/models", {}), ("GET", "/v1/nothing", {}),
-        ("POST", "/health", {}), ("GET", "/../../etc/passwd", {}),
+        ("GET", chat, {}),
+        ("PUT", comp, {}),
+        ("DELETE", "/v1/models", {}),
+        ("GET", "/v1/nothing", {}),
+        ("POST", "/health", {}),
+        ("GET", "/../../etc/passwd", {}),
     ]
     yield from fixed
     for _ in range(300 - len(fixed)):
@@ -586,8 +773,18 @@ def _fuzz_requests(rng: random.Random, big_prompt: str):
 
 # every float field of the requests (loosespec's knobs and OpenAI's), read from the request model
 FLOAT_FIELDS = [name for name, f in CommonFields.model_fields.items() if "float" in str(f.annotation)]
-EXTREME_FLOATS = [1e-40, -1e-40, 5e-324, 1e-38, 2.2250738585072014e-308, 1e-5, 1e308, -1e308,
-                  1.7976931348623157e308, -0.0]
+EXTREME_FLOATS = [
+    1e-40,
+    -1e-40,
+    5e-324,
+    1e-38,
+    2.2250738585072014e-308,
+    1e-5,
+    1e308,
+    -1e308,
+    1.7976931348623157e308,
+    -0.0,
+]
 NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]  # not JSON, but what many encoders write
 
 
@@ -598,25 +795,48 @@ def _extreme_float_requests():
     i = 0
     for name in FLOAT_FIELDS:
         for value in EXTREME_FLOATS:
-            for method in (methods if name == "temperature" else [methods[i % 3]]):
+            for method in methods if name == "temperature" else [methods[i % 3]]:
                 i += 1
-                body = {"max_tokens": 2, "method": method, "temperature": 0.7,
-                        name: {"7": value} if name == "logit_bias" else value}
+                body = {
+                    "max_tokens": 2,
+                    "method": method,
+                    "temperature": 0.7,
+                    name: {"7": value} if name == "logit_bias" else value,
+                }
                 if i % 2:
                     yield "POST", "/v1/completions", {"json": {**body, "prompt": "abc"}}
                 else:
-                    yield "POST", "/v1/chat/completions", {"json": {**body, "messages": [{"role": "user",
-                                                                                         "content": "abc"}]}}
+                    yield (
+                        "POST",
+                        "/v1/chat/completions",
+                        {"json": {**body, "messages": [{"role": "user", "content": "abc"}]}},
+                    )
         for raw in NON_FINITE:
             value = f'{{"7": {raw}}}' if name == "logit_bias" else raw
-            yield "POST", "/v1/completions", {"content": f'{{"prompt": "a", "max_tokens": 2, "method": "rejection", '
-                                                         f'"temperature": 0.7, "{name}": {value}}}'.encode(),
-                                              "headers": {"content-type": "application/json"}}
+            yield (
+                "POST",
+                "/v1/completions",
+                {
+                    "content": f'{{"prompt": "a", "max_tokens": 2, "method": "rejection", '
+                    f'"temperature": 0.7, "{name}": {value}}}'.encode(),
+                    "headers": {"content-type": "application/json"},
+                },
+            )
 
 
 def test_fuzz_never_5xx(tiny):
-    assert {"temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "sg_temperature",
-            "sg_tau", "sg_beta", "fly_entropy_threshold", "draft_confidence_threshold"} <= set(FLOAT_FIELDS)
+    assert {
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "sg_temperature",
+        "sg_tau",
+        "sg_beta",
+        "fly_entropy_threshold",
+        "draft_confidence_threshold",
+    } <= set(FLOAT_FIELDS)
     rng = random.Random(1234)
     big_prompt = "lorem ipsum " * 200  # byte-level tokens: over the tiny model's 1024-token context
     statuses: dict[int, int] = {}
@@ -641,9 +861,14 @@ def test_fuzz_never_5xx(tiny):
     health = httpx.get(tiny.url + "/health")
     assert health.status_code == 200
     assert {k: v for k, v in health.json().items() if k in ("status", "model", "queue_waiting", "running")} == {
-        "status": "ok", "model": "tiny", "queue_waiting": 0, "running": False}
-    r = client(tiny, key=KEY).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "ok"}],
-                                                      max_tokens=3)
+        "status": "ok",
+        "model": "tiny",
+        "queue_waiting": 0,
+        "running": False,
+    }
+    r = client(tiny, key=KEY).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "ok"}], max_tokens=3
+    )
     assert r.choices[0].finish_reason in ("stop", "length")
     assert metric(tiny, "loosespec:http_requests_total", status="500") == 0
 
@@ -668,8 +893,12 @@ def test_a_temperature_near_zero_samples_greedily(tiny):
     auth = {"Authorization": f"Bearer {KEY}"}
 
     def post(**body):
-        return httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=60,
-                          json={"model": "tiny", "prompt": "abcabc", "max_tokens": 6, "seed": 3, **body})
+        return httpx.post(
+            tiny.url + "/v1/completions",
+            headers=auth,
+            timeout=60,
+            json={"model": "tiny", "prompt": "abcabc", "max_tokens": 6, "seed": 3, **body},
+        )
 
     def text(**body):
         r = post(**body)
@@ -690,8 +919,12 @@ def test_stop_strings_are_capped(tiny):
     base = {"model": "tiny", "prompt": "abc", "max_tokens": 4}
     r = httpx.post(tiny.url + "/v1/completions", headers=auth, json={**base, "stop": ["\x01" * 256] * 16}, timeout=60)
     assert r.status_code == 200, r.text
-    for stop, words in ((["a"] * 17, "at most 16 stop strings"), ("y" * 257, "at most 256 characters"),
-                        (["z", "w" * 100_000], "at most 256 characters"), (["z", ""], "non-empty")):
+    for stop, words in (
+        (["a"] * 17, "at most 16 stop strings"),
+        ("y" * 257, "at most 256 characters"),
+        (["z", "w" * 100_000], "at most 256 characters"),
+        (["z", ""], "non-empty"),
+    ):
         r = httpx.post(tiny.url + "/v1/completions", headers=auth, json={**base, "stop": stop}, timeout=60)
         err = assert_openai_error(r, 400)
         assert err["param"] == "stop" and words in err["message"], err
@@ -710,8 +943,10 @@ def _queue_full(server, auth: dict, waiting: int = 2):
                 assert running.status_code == 200
                 lines = running.iter_lines()  # keep a reference: a collected iterator closes the stream
                 next(line for line in lines if line.startswith("data: {"))
-                futures = [pool.submit(httpx.post, server.url + "/v1/completions", json=short, headers=auth,
-                                       timeout=120) for _ in range(waiting)]
+                futures = [
+                    pool.submit(httpx.post, server.url + "/v1/completions", json=short, headers=auth, timeout=120)
+                    for _ in range(waiting)
+                ]
                 _wait_for(lambda: _health(server)["queue_waiting"] == waiting, what=lambda: _health(server))
                 yield futures
             for f in futures:
@@ -730,15 +965,22 @@ def test_a_full_queue_refuses_before_tokenizing(tiny, monkeypatch):
     huge = "lorem ipsum " * 200_000  # 2.4 MB
     with _queue_full(tiny, auth):
         calls.clear()
-        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
-                           ("/v1/completions", {"prompt": huge})):
-            err = assert_openai_error(httpx.post(tiny.url + path, headers=auth, json={"model": "tiny", **body},
-                                                 timeout=60), 429)
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+            ("/v1/completions", {"prompt": huge}),
+        ):
+            err = assert_openai_error(
+                httpx.post(tiny.url + path, headers=auth, json={"model": "tiny", **body}, timeout=60), 429
+            )
             assert err["code"] == "rate_limit_exceeded"
         assert calls == []  # neither was tokenized
         # a request refused for a bad field is still refused for that field (checked before admission)
-        err = assert_openai_error(httpx.post(tiny.url + "/v1/completions", headers=auth, timeout=60,
-                                             json={"prompt": huge, "stop": ["a"] * 17}), 400)
+        err = assert_openai_error(
+            httpx.post(
+                tiny.url + "/v1/completions", headers=auth, timeout=60, json={"prompt": huge, "stop": ["a"] * 17}
+            ),
+            400,
+        )
         assert err["param"] == "stop" and calls == []
 
 
@@ -753,8 +995,12 @@ def test_health_reports_the_workers_progress_and_a_stall(tiny):
         with ThreadPoolExecutor(1) as pool:
             # each round makes progress (0.2 s apart): never stalled, though the generation outlasts the timeout
             tiny.engine.delay = 0.2
-            done = pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
-                               json={"prompt": "x", "max_tokens": 8, "method": "ar"})
+            done = pool.submit(
+                httpx.post,
+                server.url + "/v1/completions",
+                timeout=60,
+                json={"prompt": "x", "max_tokens": 8, "method": "ar"},
+            )
             _wait_for(lambda: _health(server)["running"] or done.done(), what="a running generation")
             seen = set()
             while not done.done():
@@ -764,8 +1010,12 @@ def test_health_reports_the_workers_progress_and_a_stall(tiny):
             assert done.result().status_code == 200 and seen <= {(200, "ok")}, seen
             # a round that lasts longer than the timeout: stalled (503) while it lasts, and says for how long
             tiny.engine.delay = 3.0
-            done = pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
-                               json={"prompt": "x", "max_tokens": 2, "method": "ar"})
+            done = pool.submit(
+                httpx.post,
+                server.url + "/v1/completions",
+                timeout=60,
+                json={"prompt": "x", "max_tokens": 2, "method": "ar"},
+            )
             _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503, timeout=10, what="503")
             body = httpx.get(server.url + "/health").json()
             assert body["status"] == "stalled" and body["running"] is True and body["last_progress_s"] > 0.8
@@ -793,8 +1043,12 @@ def test_shutdown_answers_what_is_left_at_its_deadline(tiny):
         with ThreadPoolExecutor(3) as pool:
             running = pool.submit(stream)
             _wait_for(lambda: _health(server)["running"], what="a running generation")
-            waiting = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
-                                   json={"prompt": "y", "max_tokens": 2}) for _ in range(2)]
+            waiting = [
+                pool.submit(
+                    httpx.post, server.url + "/v1/completions", timeout=60, json={"prompt": "y", "max_tokens": 2}
+                )
+                for _ in range(2)
+            ]
             _wait_for(lambda: _health(server)["queue_waiting"] == 2, what="2 waiting")
             start = time.monotonic()
             server.server.should_exit = True  # what SIGTERM and Ctrl-C do
@@ -820,18 +1074,41 @@ def test_host_and_origin_are_checked_against_dns_rebinding(tiny):
     port = server.port
     try:
         body = {"prompt": "abc", "max_tokens": 2}
-        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port}.evil.example", f"localhost:{port + 1}",
-                     f"evil.example:{port}@127.0.0.1", "127.0.0.2", ""):
-            for method, path in (("GET", "/health"), ("GET", "/metrics"), ("GET", "/v1/models"),
-                                 ("POST", "/v1/completions")):
-                r = httpx.request(method, server.url + path, headers={"Host": host}, json=body if method == "POST"
-                                  else None, timeout=30)
+        for host in (
+            f"evil.example:{port}",
+            "evil.example",
+            f"127.0.0.1:{port}.evil.example",
+            f"localhost:{port + 1}",
+            f"evil.example:{port}@127.0.0.1",
+            "127.0.0.2",
+            "",
+        ):
+            for method, path in (
+                ("GET", "/health"),
+                ("GET", "/metrics"),
+                ("GET", "/v1/models"),
+                ("POST", "/v1/completions"),
+            ):
+                r = httpx.request(
+                    method,
+                    server.url + path,
+                    headers={"Host": host},
+                    json=body if method == "POST" else None,
+                    timeout=30,
+                )
                 err = assert_openai_error(r, 403)
                 assert err["code"] == "host_not_allowed" and "--allow-origin" in err["message"], (host, err)
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", f"LocalHost:{port}"):
             assert httpx.get(server.url + "/v1/models", headers={"Host": host}).status_code == 200, host
-        for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"http://localhost:{port + 1}",
-                       f"https://127.0.0.1:{port}", "http://127.0.0.1", "not an origin"):
+        for origin in (
+            "http://evil.example",
+            f"http://evil.example:{port}",
+            "null",
+            f"http://localhost:{port + 1}",
+            f"https://127.0.0.1:{port}",
+            "http://127.0.0.1",
+            "not an origin",
+        ):
             r = httpx.post(server.url + "/v1/completions", headers={"Origin": origin}, json=body, timeout=30)
             err = assert_openai_error(r, 403)
             assert err["code"] == "origin_not_allowed", (origin, err)
@@ -848,7 +1125,10 @@ def test_allow_origin(tiny):
     from loosespec.serve.access import parse_allow_origins
 
     assert parse_allow_origins(["http://ui.example:3000/, gpu-box.lan", "*", "gpu-box.lan"]) == (
-        "http://ui.example:3000", "gpu-box.lan", "*")
+        "http://ui.example:3000",
+        "gpu-box.lan",
+        "*",
+    )
     for bad in ("http://ui.example/app", "http://", "a b:x"):
         with pytest.raises(ValueError, match="--allow-origin"):
             parse_allow_origins([bad])
@@ -859,8 +1139,14 @@ def test_allow_origin(tiny):
     ui = {"Origin": "http://ui.example:3000"}
     try:
         # a browser at the listed origin: its preflight (which carries no key) is answered, then its requests
-        r = httpx.options(server.url + "/v1/chat/completions", headers={
-            **ui, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"})
+        r = httpx.options(
+            server.url + "/v1/chat/completions",
+            headers={
+                **ui,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
         assert r.status_code == 200, r.text
         assert r.headers["access-control-allow-origin"] in ("*", "http://ui.example:3000")
         assert "authorization" in r.headers["access-control-allow-headers"].lower()
@@ -873,10 +1159,14 @@ def test_allow_origin(tiny):
         assert httpx.get(server.url + "/health", headers={"Host": "ui.example"}).status_code == 200
         assert httpx.get(server.url + "/health", headers={"Origin": "https://gpu-box.lan:8443"}).status_code == 200
         # nothing else
-        for headers, code in (({"Origin": "http://ui.example:3001"}, "origin_not_allowed"),
-                              ({"Origin": "http://evil.example"}, "origin_not_allowed"),
-                              ({"Host": "evil.example"}, "host_not_allowed")):
-            r = httpx.options(server.url + "/v1/completions", headers={**headers, "Access-Control-Request-Method": "POST"})
+        for headers, code in (
+            ({"Origin": "http://ui.example:3001"}, "origin_not_allowed"),
+            ({"Origin": "http://evil.example"}, "origin_not_allowed"),
+            ({"Host": "evil.example"}, "host_not_allowed"),
+        ):
+            r = httpx.options(
+                server.url + "/v1/completions", headers={**headers, "Access-Control-Request-Method": "POST"}
+            )
             assert assert_openai_error(r, 403)["code"] == code
             assert assert_openai_error(httpx.get(server.url + "/health", headers=headers), 403)["code"] == code
     finally:
@@ -913,22 +1203,36 @@ def test_serve_help_and_bad_method():
     flat = " ".join(p.stdout.split())
     for m in ("fly", "specguard"):
         at = flat.index(f"{m}: ")
-        assert "LOSSY" in flat[at:at + 400], m
-    for opt in ("--host", "--port", "--api-key", "--max-queue", "127.0.0.1", "--allow-origin", "DNS rebinding",
-                "--stall-timeout", "--shutdown-timeout"):
+        assert "LOSSY" in flat[at : at + 400], m
+    for opt in (
+        "--host",
+        "--port",
+        "--api-key",
+        "--max-queue",
+        "127.0.0.1",
+        "--allow-origin",
+        "DNS rebinding",
+        "--stall-timeout",
+        "--shutdown-timeout",
+    ):
         assert opt in flat
     p = run_cli("serve", "--method", "magic", "--target", "smollm2-135m-instruct")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.strip().startswith("loosespec: error:") and "magic" in p.stderr
-    for args, words in ((("--allow-origin", "http://ui.example/app"), "--allow-origin 'http://ui.example/app'"),
-                        (("--shutdown-timeout", "-1"), "--shutdown-timeout"), (("--stall-timeout", "nan"), "--stall")):
+    for args, words in (
+        (("--allow-origin", "http://ui.example/app"), "--allow-origin 'http://ui.example/app'"),
+        (("--shutdown-timeout", "-1"), "--shutdown-timeout"),
+        (("--stall-timeout", "nan"), "--stall"),
+    ):
         p = run_cli("serve", *args)  # refused before any model is loaded
         assert p.returncode == 2 and "Traceback" not in p.stderr and words in p.stderr, p.stderr
 
 
 def test_serve_without_server_extra():
-    code = ("import sys; sys.modules['fastapi'] = None; sys.argv = ['loosespec', 'serve']; "
-            "from loosespec.cli import main; main()")
+    code = (
+        "import sys; sys.modules['fastapi'] = None; sys.argv = ['loosespec', 'serve']; "
+        "from loosespec.cli import main; main()"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
     assert p.returncode == 2 and "pip install 'loosespec[server]'" in p.stderr, p.stderr
 
@@ -937,12 +1241,40 @@ def test_serve_command_end_to_end(tiny_dir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "loosespec.cli", "serve", "--target", str(tiny_dir / "target"),
-                             "--draft", str(tiny_dir / "draft"), "--dtype", "float32", "--device", "cpu",
-                             "--port", str(port), "--served-model-name", "tiny", "--api-key", KEY,
-                             "--log-level", "warning", "--allow-origin", "gpu-box.lan", "--stall-timeout", "60",
-                             "--shutdown-timeout", "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loosespec.cli",
+            "serve",
+            "--target",
+            str(tiny_dir / "target"),
+            "--draft",
+            str(tiny_dir / "draft"),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--api-key",
+            KEY,
+            "--log-level",
+            "warning",
+            "--allow-origin",
+            "gpu-box.lan",
+            "--stall-timeout",
+            "60",
+            "--shutdown-timeout",
+            "2",
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -963,9 +1295,12 @@ def test_serve_command_end_to_end(tiny_dir):
         assert assert_openai_error(httpx.get(url + "/health", headers={"Host": f"evil.example:{port}"}), 403)
         # SIGTERM with a generation running: it is answered at the 2 s deadline and the process exits
         with httpx.Client(timeout=60) as h:
-            with h.stream("POST", url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                          json={"prompt": "x", "max_tokens": 1000, "method": "ar", "stream": True,
-                                "stop": ["\x00never"]}) as running:
+            with h.stream(
+                "POST",
+                url + "/v1/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"prompt": "x", "max_tokens": 1000, "method": "ar", "stream": True, "stop": ["\x00never"]},
+            ) as running:
                 lines = running.iter_lines()
                 next(line for line in lines if line.startswith("data: {"))
                 proc.terminate()

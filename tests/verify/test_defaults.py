@@ -23,13 +23,16 @@ def test_sampling_params_defaults_are_the_knobs():
 
 def test_every_marked_default_is_checked():
     """A line marked as a knob default in verify/ is one of those checked above."""
-    marked = {(p.name, re.match(r"\s*(\w+)", line).group(1)) for p in VERIFY.rglob("*.py")
-              for line in p.read_text(encoding="utf-8").splitlines() if MARK in line}
+    marked = {
+        (p.name, re.match(r"\s*(\w+)", line).group(1))
+        for p in VERIFY.rglob("*.py")
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if MARK in line
+    }
     assert marked == {("sampling.py", "temperature"), ("sampling.py", "top_p"), ("sampling.py", "top_k")}
 
 
 def test_fly_entropy_top_k_default_is_the_knob():
     """FLy's k of the entropy gate. (The rule functions' theta, W and boundary defaults are vLLM's native FLy's,
     for callers that pass none; their knobs default to None, filled by a preset: nothing to compare.)"""
-    assert fly.TOP_K == inspect.signature(fly.topk_entropy).parameters["k"].default == knob_default(
-        "fly_entropy_top_k")
+    assert fly.TOP_K == inspect.signature(fly.topk_entropy).parameters["k"].default == knob_default("fly_entropy_top_k")

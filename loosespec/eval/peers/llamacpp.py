@@ -27,8 +27,9 @@ def gguf_file(spec: str) -> Path:
 
     path = gguf_path(spec)
     if path is None:
-        raise LoosespecError(f"llamacpp-* methods run a GGUF file: the target '{spec}' is neither an embedded "
-                             "model nor a .gguf file")
+        raise LoosespecError(
+            f"llamacpp-* methods run a GGUF file: the target '{spec}' is neither an embedded model nor a .gguf file"
+        )
     if not path.is_file():
         raise LoosespecError(f"GGUF file of '{spec}' not found at {path}: run `loosespec models pull {spec}`")
     return path
@@ -38,8 +39,10 @@ def _import():
     try:
         import llama_cpp
     except ImportError as e:
-        raise LoosespecError("llamacpp-* methods need llama-cpp-python (builds from source, 10-20 min): "
-                             "make peers, or pip install 'loosespec[peers]'") from e
+        raise LoosespecError(
+            "llamacpp-* methods need llama-cpp-python (builds from source, 10-20 min): "
+            "make peers, or pip install 'loosespec[peers]'"
+        ) from e
     return llama_cpp
 
 
@@ -69,9 +72,15 @@ class LlamaCppPeer:
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
         n_ctx = max(MIN_CONTEXT, 1 << (tokens - 1).bit_length())
-        self._models[method] = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_threads=self.threads,
-                                               n_threads_batch=self.threads, draft_model=draft,
-                                               logits_all=draft is not None, verbose=False)
+        self._models[method] = llama_cpp.Llama(
+            model_path=str(self.path),
+            n_ctx=n_ctx,
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            draft_model=draft,
+            logits_all=draft is not None,
+            verbose=False,
+        )
         return self._models[method]
 
     def generate(self, method: str, ids: list[int], max_new_tokens: int, stop_ids) -> tuple[list[int], float]:
@@ -104,13 +113,18 @@ def server_binary() -> Path:
     import shutil
     import sys
 
-    candidates = [os.environ.get(SERVER_ENV), str(Path(sys.prefix) / "llama.cpp" / "bin" / "llama-server"),
-                  shutil.which("llama-server")]
+    candidates = [
+        os.environ.get(SERVER_ENV),
+        str(Path(sys.prefix) / "llama.cpp" / "bin" / "llama-server"),
+        shutil.which("llama-server"),
+    ]
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return Path(c)
-    raise LoosespecError("llamacpp-spec runs llama.cpp's own server (llama-server), which was not found: make peers "
-                         f"builds it from llama-cpp-python's sources into .venv/llama.cpp/bin, or set {SERVER_ENV}")
+    raise LoosespecError(
+        "llamacpp-spec runs llama.cpp's own server (llama-server), which was not found: make peers "
+        f"builds it from llama-cpp-python's sources into .venv/llama.cpp/bin, or set {SERVER_ENV}"
+    )
 
 
 class LlamaServerPeer:
@@ -138,9 +152,26 @@ class LlamaServerPeer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.args = ["-m", str(self.target), "-md", str(self.draft), "--spec-type", "draft-simple",
-                     "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", "1",
-                     "--host", "127.0.0.1", "--port", str(port)]
+        self.args = [
+            "-m",
+            str(self.target),
+            "-md",
+            str(self.draft),
+            "--spec-type",
+            "draft-simple",
+            "-t",
+            str(self.threads),
+            "-tb",
+            str(self.threads),
+            "-c",
+            str(self.n_ctx),
+            "-np",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([str(self.binary), *self.args], stdout=self._log, stderr=subprocess.STDOUT)
         atexit.register(self.close)
@@ -170,10 +201,18 @@ class LlamaServerPeer:
 
         if self.proc is None:
             self.start()
-        body = {"prompt": list(ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
-                "cache_prompt": False, "return_tokens": True, "stream": False}
-        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        body = {
+            "prompt": list(ids),
+            "n_predict": max_new_tokens,
+            "temperature": 0.0,
+            "top_k": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "stream": False,
+        }
+        req = urllib.request.Request(
+            self.url + "/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         t = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=3600) as r:

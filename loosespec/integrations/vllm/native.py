@@ -135,7 +135,7 @@ class Probe:
         return self.native and not self.cpu
 
 
-PROBE_SCRIPT = textwrap.dedent('''
+PROBE_SCRIPT = textwrap.dedent("""
     import json, sys
     out = {"python": sys.executable}
     try:
@@ -158,7 +158,7 @@ PROBE_SCRIPT = textwrap.dedent('''
     except Exception:
         out["cpu"] = None
     print(MARK + json.dumps(out))
-''')
+""")
 
 
 def _probe_source() -> str:
@@ -205,18 +205,23 @@ def probe(vllm_bin: str, timeout_s: float = 600.0) -> Probe:
         return Probe(False, f"no Python found for {vllm_bin} to ask its SpeculativeConfig")
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIGURE_LOGGING": "0"}
     try:
-        proc = subprocess.run([python, "-c", _probe_source()], capture_output=True, text=True, timeout=timeout_s,
-                              env=env)
+        proc = subprocess.run(
+            [python, "-c", _probe_source()], capture_output=True, text=True, timeout=timeout_s, env=env
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return Probe(False, f"could not ask {python} ({type(e).__name__}: {e})", python=python)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(PROBE_MARK)), None)
     if line is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return Probe(False, f"{python} did not answer (exit {proc.returncode}: {tail[0][:300]})", python=python)
-    data = json.loads(line[len(PROBE_MARK):])
+    data = json.loads(line[len(PROBE_MARK) :])
     if "error" in data:
-        return Probe(False, f"{python} cannot import vLLM's SpeculativeConfig ({data['error'][:300]})",
-                     data.get("version"), python=python)
+        return Probe(
+            False,
+            f"{python} cannot import vLLM's SpeculativeConfig ({data['error'][:300]})",
+            data.get("version"),
+            python=python,
+        )
     fields, methods = data.get("fields", []), data.get("rejection_sample_methods")
     native = fly_is_native(fields, methods)
     version = data.get("version")
@@ -243,17 +248,21 @@ def native_fly_config(values: Mapping[str, object], num_speculative_tokens: int)
     k = int(num_speculative_tokens)
     boundary = values.get("fly_boundary")
     if boundary not in (None, "window"):
-        raise ValueError(f"vLLM's native FLy defers a mismatch wherever its window fits in the draft (fly_boundary "
-                         f"'window'); fly_boundary {boundary!r} runs only on the plugin path ({FLY_PATH_ENV}=plugin, "
-                         "on a vLLM it can patch) or in loosespec's own engine")
+        raise ValueError(
+            f"vLLM's native FLy defers a mismatch wherever its window fits in the draft (fly_boundary "
+            f"'window'); fly_boundary {boundary!r} runs only on the plugin path ({FLY_PATH_ENV}=plugin, "
+            "on a vLLM it can patch) or in loosespec's own engine"
+        )
     if k < 2:
         raise ValueError(f"vLLM's native FLy needs num_speculative_tokens >= 2, got {k}")
     cfg: dict = {"rejection_sample_method": "fly"}
     w = values.get("fly_window_size")
     if w is not None:
         if int(w) < 1:
-            raise ValueError(f"vLLM's native FLy needs fly_window_size >= 1, got {w} (0 defers every gate-open "
-                             "mismatch: loosespec's engine or the plugin path only)")
+            raise ValueError(
+                f"vLLM's native FLy needs fly_window_size >= 1, got {w} (0 defers every gate-open "
+                "mismatch: loosespec's engine or the plugin path only)"
+            )
         if int(w) >= k:
             raise ValueError(f"fly_window_size ({w}) must be smaller than num_speculative_tokens ({k})")
         cfg["fly_window_size"] = int(w)
@@ -270,11 +279,16 @@ def native_differences(values: Mapping[str, object]) -> list[str]:
     """Where vLLM's native FLy will not do what these knobs ask of the plugin (recorded with the results)."""
     notes = []
     if values.get("fly_sampling", "two-sample") != "rejection":
-        notes.append("temperature > 0: vLLM's native FLy accepts by rejection sampling (p/q, loosespec's "
-                     "fly_sampling 'rejection'), not the official code's two-sample match")
-    notes.append("temperature > 0: vLLM's native entropy gate reads the processed target distribution (after "
-                 "temperature, top-k, top-p), the plugin's the raw logits")
-    notes.append("vLLM's native FLy never defers to a draft token the target's processed logits mask (-inf: "
-                 "structured output, bad words, top-k/top-p); the plugin's rule does not look")
+        notes.append(
+            "temperature > 0: vLLM's native FLy accepts by rejection sampling (p/q, loosespec's "
+            "fly_sampling 'rejection'), not the official code's two-sample match"
+        )
+    notes.append(
+        "temperature > 0: vLLM's native entropy gate reads the processed target distribution (after "
+        "temperature, top-k, top-p), the plugin's the raw logits"
+    )
+    notes.append(
+        "vLLM's native FLy never defers to a draft token the target's processed logits mask (-inf: "
+        "structured output, bad words, top-k/top-p); the plugin's rule does not look"
+    )
     return notes
-

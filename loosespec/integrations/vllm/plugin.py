@@ -85,8 +85,11 @@ class FlyCounters:
                 for name, n in events.items():
                     v[name] = v.get(name, 0) + n
         except Exception:  # noqa: BLE001 - counting must never stop vLLM's sampler
-            self._log_once("count", "loosespec: FLy's counters could not be updated (statistics only; generation "
-                           "goes on)", exc_info=True)
+            self._log_once(
+                "count",
+                "loosespec: FLy's counters could not be updated (statistics only; generation goes on)",
+                exc_info=True,
+            )
             return
         self._maybe_write()
 
@@ -127,8 +130,11 @@ class FlyCounters:
                     json.dump(snapshot, f)
                 os.replace(tmp, self.path)
             except Exception as e:  # noqa: BLE001 - statistics must never stop generation
-                self._log_once("write", f"loosespec: cannot write FLy's counters to {self.path} ({type(e).__name__}: "
-                               f"{e}); generation goes on without the stats file (logged once)")
+                self._log_once(
+                    "write",
+                    f"loosespec: cannot write FLy's counters to {self.path} ({type(e).__name__}: "
+                    f"{e}); generation goes on without the stats file (logged once)",
+                )
                 try:
                     os.unlink(tmp)
                 except OSError:
@@ -164,8 +170,18 @@ def register() -> None:
         _STATE.raw = None if sampling_metadata.all_greedy else logits.clone()
         return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
 
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        *args,
+        **kwargs,
+    ):
         if kwargs.get("synthetic_mode"):
             raise RuntimeError("loosespec FLy and vLLM's synthetic rejection sampling cannot be combined")
         raw = getattr(_STATE, "raw", None)
@@ -173,21 +189,37 @@ def register() -> None:
         is_greedy = uniform = None
         if not sampling_metadata.all_greedy:
             is_greedy = sampling_metadata.temperature == greedy_temperature
-            uniform = rs.generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
-                                                sampling_metadata.generators, target_logits.device)
+            uniform = rs.generate_uniform_probs(
+                draft_token_ids.shape[0], num_draft_tokens, sampling_metadata.generators, target_logits.device
+            )
         out, events = fly_rejection_sample(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
-            bonus_token_ids, is_greedy, settings, raw_logits=raw, uniform_probs=uniform,
-            generators=sampling_metadata.generators)
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            is_greedy,
+            settings,
+            raw_logits=raw,
+            uniform_probs=uniform,
+            generators=sampling_metadata.generators,
+        )
         counters.add(out, num_draft_tokens, events)
         return out
 
     rejection_sample._loosespec = True
     rs.apply_sampling_constraints = apply_sampling_constraints
     rs.rejection_sample = rejection_sample
-    log.warning("loosespec: FLy (LOSSY) verifies vLLM's drafts: window %s positions after a mismatch, entropy "
-                "threshold %s, top-%d, boundary %s (unset: vLLM's native defaults)", settings.fly_window_size,
-                settings.fly_entropy_threshold, settings.fly_entropy_top_k, settings.fly_boundary)
+    log.warning(
+        "loosespec: FLy (LOSSY) verifies vLLM's drafts: window %s positions after a mismatch, entropy "
+        "threshold %s, top-%d, boundary %s (unset: vLLM's native defaults)",
+        settings.fly_window_size,
+        settings.fly_entropy_threshold,
+        settings.fly_entropy_top_k,
+        settings.fly_boundary,
+    )
 
 
 def refuse_for_native_fly(settings: FlySettings) -> bool:
@@ -209,9 +241,14 @@ def refuse_for_native_fly(settings: FlySettings) -> bool:
         example = json.dumps(native_fly_config({**values, "fly_boundary": None}, 15))
     except ValueError as e:
         example = f'{{"rejection_sample_method": "fly", ...}} ({e})'
-    log.warning("loosespec: this vLLM has FLy natively (%s); the loosespec plugin does not patch it. Ask vLLM for "
-                "it in --speculative-config, e.g. %s merged into the proposer's settings (loosespec serve --engine "
-                "vllm and bench do); set %s=plugin to patch anyway", found, example, FLY_PATH_ENV)
+    log.warning(
+        "loosespec: this vLLM has FLy natively (%s); the loosespec plugin does not patch it. Ask vLLM for "
+        "it in --speculative-config, e.g. %s merged into the proposer's settings (loosespec serve --engine "
+        "vllm and bench do); set %s=plugin to patch anyway",
+        found,
+        example,
+        FLY_PATH_ENV,
+    )
     return True
 
 
@@ -265,8 +302,10 @@ def check_v2_sampler(sampler_cls) -> inspect.Signature:
     sig = inspect.signature(sampler_cls._verify)
     missing = [n for n in V2_VERIFY_REQUIRED if n not in sig.parameters]
     if missing:
-        raise V2Unsupported(f"loosespec FLy: this vLLM's V2 RejectionSampler._verify{sig} lacks {missing}; the "
-                            "plugin reads its arguments by these names and cannot verify with FLy here")
+        raise V2Unsupported(
+            f"loosespec FLy: this vLLM's V2 RejectionSampler._verify{sig} lacks {missing}; the "
+            "plugin reads its arguments by these names and cannot verify with FLy here"
+        )
     if any("__call__" in vars(b) for b in sampler_cls.__mro__[:-1]):
         reach = _reachable_names(sampler_cls, "__call__")
         if "_verify" not in reach:
@@ -275,7 +314,8 @@ def check_v2_sampler(sampler_cls) -> inspect.Signature:
                 "loosespec FLy: this vLLM's V2 RejectionSampler.__call__ never calls _verify"
                 + (f" (it goes through {', '.join(graphed)}: a CUDA-graphed sampler)" if graphed else "")
                 + "; FLy would be silently off. Use a vLLM whose V2 sampler verifies through _verify, disable its "
-                "graphed sampler, or unset LOOSESPEC_REJECTION_SAMPLE_METHOD")
+                "graphed sampler, or unset LOOSESPEC_REJECTION_SAMPLE_METHOD"
+            )
     return sig
 
 
@@ -290,8 +330,10 @@ def _call_by_name(fn, values: dict):
         if key in values:
             kwargs[p.name] = values[key]
         elif p.default is p.empty:
-            raise V2Unsupported(f"loosespec FLy: {getattr(fn, '__qualname__', fn)}{inspect.signature(fn)} needs "
-                                f"'{p.name}', which this vLLM's _verify does not pass")
+            raise V2Unsupported(
+                f"loosespec FLy: {getattr(fn, '__qualname__', fn)}{inspect.signature(fn)} needs "
+                f"'{p.name}', which this vLLM's _verify does not pass"
+            )
     return fn(**kwargs)
 
 
@@ -327,10 +369,13 @@ def _patch_v2_runner(settings: FlySettings, counters: FlyCounters, sampled_path:
     @functools.wraps(sampler_cls._verify)
     def _verify(self, *args, **kwargs):
         a = signature.bind(self, *args, **kwargs).arguments
-        if getattr(self, "synthetic_conditional_rates", None) is not None or getattr(self, "use_block_verification",
-                                                                                      False):
-            raise RuntimeError("loosespec FLy replaces vLLM's rejection_sample_method; it cannot be combined "
-                               "with 'synthetic' or 'block' verification")
+        if getattr(self, "synthetic_conditional_rates", None) is not None or getattr(
+            self, "use_block_verification", False
+        ):
+            raise RuntimeError(
+                "loosespec FLy replaces vLLM's rejection_sample_method; it cannot be combined "
+                "with 'synthetic' or 'block' verification"
+            )
         if getattr(self, "watermark_key", None) is not None:
             raise RuntimeError("loosespec FLy cannot be combined with vLLM's watermarking sampler")
         _STATE.v2_verified = True
@@ -339,23 +384,36 @@ def _patch_v2_runner(settings: FlySettings, counters: FlyCounters, sampled_path:
         states = self.sampler.sampling_states
         verify_sampled = a.get("verify_draft_sampled")
         sampled, num_sampled, events = fly_rejection_sample_v2(
-            processed, logits, a.get("draft_logits"), a["draft_sampled"] if verify_sampled is None else verify_sampled,
-            cu_num_logits, a["pos"], a["idx_mapping"], states.temperature.gpu, states.seeds.gpu,
-            self.num_speculative_steps, settings, sampled_path=sampled_path)
+            processed,
+            logits,
+            a.get("draft_logits"),
+            a["draft_sampled"] if verify_sampled is None else verify_sampled,
+            cu_num_logits,
+            a["pos"],
+            a["idx_mapping"],
+            states.temperature.gpu,
+            states.seeds.gpu,
+            self.num_speculative_steps,
+            settings,
+            sampled_path=sampled_path,
+        )
         counters.add(sampled, cu_num_logits[1:] - cu_num_logits[:-1] - 1, events)  # sampled is -1 past num_sampled
         return processed, sampled, num_sampled
 
     _verify._loosespec = True
     sampler_cls._verify = _verify
     if original_call is not None:
+
         @functools.wraps(original_call)
         def __call__(self, *args, **kwargs):
             _STATE.v2_verified = False
             out = original_call(self, *args, **kwargs)
             if not getattr(_STATE, "v2_verified", False):
-                raise V2Unsupported("loosespec FLy: vLLM's V2 rejection sampler verified a batch without calling "
-                                    "_verify (a CUDA-graphed or other fast path); FLy would be silently off. "
-                                    "Disable that path or unset LOOSESPEC_REJECTION_SAMPLE_METHOD")
+                raise V2Unsupported(
+                    "loosespec FLy: vLLM's V2 rejection sampler verified a batch without calling "
+                    "_verify (a CUDA-graphed or other fast path); FLy would be silently off. "
+                    "Disable that path or unset LOOSESPEC_REJECTION_SAMPLE_METHOD"
+                )
             return out
 
         sampler_cls.__call__ = __call__

@@ -103,9 +103,15 @@ def fly_env(values: Mapping[str, object]) -> dict[str, str]:
 # FLy's parameters under vLLM's (upstream pull request's) names: the knobs loosespec.config marks vllm=True,
 # with their declared types, defaults and bounds (adding such a knob adds it here and to LOOSESPEC_<NAME>)
 FlySettings = dataclasses.make_dataclass(
-    "FlySettings", [(n, knob_type(n), dataclasses.field(default=knob_default(n))) for n in VLLM_KNOBS],
-    frozen=True, namespace={"__post_init__": _validate, "from_env": classmethod(_from_env),
-                            "__doc__": "FLy's settings in the vLLM plugin: loosespec's knobs marked vllm=True."})
+    "FlySettings",
+    [(n, knob_type(n), dataclasses.field(default=knob_default(n))) for n in VLLM_KNOBS],
+    frozen=True,
+    namespace={
+        "__post_init__": _validate,
+        "from_env": classmethod(_from_env),
+        "__doc__": "FLy's settings in the vLLM plugin: loosespec's knobs marked vllm=True.",
+    },
+)
 FlySettings.__module__ = __name__
 
 
@@ -119,8 +125,10 @@ def resolve(settings, k: int) -> tuple[float, int, int, str]:
     if w is None:
         w = max(0, min(VLLM_NATIVE["fly_window_size"], k - 1))
     elif k and w >= k:
-        raise ValueError(f"fly_window_size ({w}) must be smaller than num_speculative_tokens ({k}): FLy defers a "
-                         "mismatch only when the positions after it fit in the draft")
+        raise ValueError(
+            f"fly_window_size ({w}) must be smaller than num_speculative_tokens ({k}): FLy defers a "
+            "mismatch only when the positions after it fit in the draft"
+        )
     boundary = settings.fly_boundary or VLLM_NATIVE["fly_boundary"]
     return theta, w, settings.fly_entropy_top_k, boundary
 
@@ -165,8 +173,9 @@ def fly_rejection_sample(
         end = int(ends[i])
         k = end - start
         if k != int(num_draft_tokens[i]):
-            raise ValueError(f"request {i}: cu_num_draft_tokens gives {k} draft tokens, num_draft_tokens "
-                             f"{num_draft_tokens[i]}")
+            raise ValueError(
+                f"request {i}: cu_num_draft_tokens gives {k} draft tokens, num_draft_tokens {num_draft_tokens[i]}"
+            )
         draft = draft_token_ids[start:end].long()
         bonus = bonus_token_ids[i].reshape(-1)[:1].long()
         if k == 0:
@@ -191,9 +200,9 @@ def fly_rejection_sample(
         if n == k:
             nxt = bonus
         elif greedy_rows[i]:
-            nxt = target[n: n + 1]
+            nxt = target[n : n + 1]
         elif settings.fly_sampling == "two-sample":
-            nxt = first[n: n + 1]  # the correction is the first draw, as in the engine's two-sample rule
+            nxt = first[n : n + 1]  # the correction is the first draw, as in the engine's two-sample rule
         else:
             nxt = next_token(n, draft, q, probs, gen)
         out[i, :n] = draft[:n].to(torch.int32)
@@ -247,8 +256,20 @@ def fly_rejection_sample_v2(
     if vectorized:
         all_greedy = bool((temperature[idx_mapping] == 0).all())  # one read: is the whole batch greedy?
         if all_greedy or sampled_path == "padded":
-            return _fly_v2_padded(target_logits, raw_logits, draft_logits, draft_sampled, cu_num_logits, pos,
-                                  idx_mapping, temperature, seed, num_speculative_steps, settings, all_greedy)
+            return _fly_v2_padded(
+                target_logits,
+                raw_logits,
+                draft_logits,
+                draft_sampled,
+                cu_num_logits,
+                pos,
+                idx_mapping,
+                temperature,
+                seed,
+                num_speculative_steps,
+                settings,
+                all_greedy,
+            )
     cu = cu_num_logits.tolist()
     states = idx_mapping.tolist()
     temps = temperature.float().tolist()
@@ -260,7 +281,7 @@ def fly_rejection_sample_v2(
     bonus, counts, greedy, generators = [], [], [], {}
     for r in range(num_reqs):
         lo, hi = int(cu[r]), int(cu[r + 1])
-        drafts = draft_sampled[lo + 1: hi].long()
+        drafts = draft_sampled[lo + 1 : hi].long()
         invalid = (drafts < 0).nonzero()
         k = int(invalid[0, 0]) if len(invalid) else len(drafts)  # drafts from a placeholder on are rejected
         state, temp = int(states[r]), float(temps[states[r]])
@@ -278,8 +299,11 @@ def fly_rejection_sample_v2(
             probs = _target_probs(last.view(1, -1), raw_logits[lo + k].view(1, -1))[0]
             bonus.append(torch.multinomial(probs, 1, generator=gen))
         if draft_logits is not None and k:  # greedy rows never read q: zeros keep the flattened layout whole
-            q_rows.append(torch.zeros(k, draft_logits.shape[-1], device=device) if is_greedy
-                          else (draft_logits[state, :k].float() / temp).softmax(-1))
+            q_rows.append(
+                torch.zeros(k, draft_logits.shape[-1], device=device)
+                if is_greedy
+                else (draft_logits[state, :k].float() / temp).softmax(-1)
+            )
     rows = torch.cat(keep_rows) if keep_rows else torch.zeros(0, dtype=torch.long, device=device)
     vocab = target_logits.shape[-1]
     q = None
@@ -288,10 +312,18 @@ def fly_rejection_sample_v2(
         if q.shape[-1] < vocab:  # a draft vocabulary padded shorter than the target's
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
     out, events = fly_rejection_sample(  # sampled requests draw their uniforms from their own generators
-        torch.cat(draft_ids) if draft_ids else torch.zeros(0, dtype=torch.long, device=device), counts,
-        num_speculative_steps, torch.tensor(counts, dtype=torch.long).cumsum(0), q, target_logits[rows],
-        torch.cat(bonus).view(-1, 1), torch.tensor(greedy, dtype=torch.bool), settings, raw_logits=raw_logits[rows],
-        generators=generators)
+        torch.cat(draft_ids) if draft_ids else torch.zeros(0, dtype=torch.long, device=device),
+        counts,
+        num_speculative_steps,
+        torch.tensor(counts, dtype=torch.long).cumsum(0),
+        q,
+        target_logits[rows],
+        torch.cat(bonus).view(-1, 1),
+        torch.tensor(greedy, dtype=torch.bool),
+        settings,
+        raw_logits=raw_logits[rows],
+        generators=generators,
+    )
     num_sampled = (out >= 0).sum(-1).to(torch.int32)
     return out.long(), num_sampled, events
 
@@ -335,10 +367,20 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, v).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_logits: torch.Tensor | None,
-                   draft_sampled: torch.Tensor, cu_num_logits: torch.Tensor, pos: torch.Tensor,
-                   idx_mapping: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, k_max: int,
-                   settings: FlySettings, all_greedy: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+def _fly_v2_padded(
+    target_logits: torch.Tensor,
+    raw_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_sampled: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    pos: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    k_max: int,
+    settings: FlySettings,
+    all_greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
     """:func:`fly_rejection_sample_v2` on the padded ``[batch, K]`` layout, with no per-request loop and one
     device-to-host read (the counters): greedy requests by the same rule as the per-request path (tested equal),
     sampled ones with the counter-based draws above (equal in distribution, not draw for draw).
@@ -363,8 +405,9 @@ def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     match = drafts == choice[safe]
     sampled = None
     if not all_greedy:
-        sampled = _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping,
-                              temperature, seed, settings)
+        sampled = _v2_sampled(
+            target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed, settings
+        )
         match = torch.where(sampled["greedy"][:, None], match, sampled["match"])
     match = match & valid
     theta, w, top_k, boundary = resolve(settings, k_max)
@@ -388,14 +431,24 @@ def _fly_v2_padded(target_logits: torch.Tensor, raw_logits: torch.Tensor, draft_
     upto = (j[None, :] <= n[:, None]) & valid
     miss = ~match & upto
     initial = ~match & valid
-    counts = torch.stack([miss.sum(), (miss & accept).sum(), (miss & ~gate).sum(), (miss & gate & ~window).sum(),
-                          (miss & gate & window & ~bound).sum(), initial.sum(), (initial & gate & window & bound).sum(),
-                          (bound & valid).any(1).sum()]).tolist()
+    counts = torch.stack(
+        [
+            miss.sum(),
+            (miss & accept).sum(),
+            (miss & ~gate).sum(),
+            (miss & gate & ~window).sum(),
+            (miss & gate & window & ~bound).sum(),
+            initial.sum(),
+            (initial & gate & window & bound).sum(),
+            (bound & valid).any(1).sum(),
+        ]
+    ).tolist()
     return out, (n + 1).to(torch.int32), dict(zip(COUNTERS, counts))  # in COUNTERS' order
 
 
-def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed,
-                settings) -> dict:
+def _v2_sampled(
+    target_logits, raw_logits, draft_logits, drafts, safe, starts, pos, idx_mapping, temperature, seed, settings
+) -> dict:
     """The sampled requests' part of :func:`_fly_v2_padded`, for every request of the batch at once (greedy ones
     are taken from the greedy rule by the caller): ``greedy`` [R] bool, ``match`` [R, K] (either of two draws
     for ``two-sample``, native acceptance ``u < p(d) / q(d)`` for ``rejection``) and ``next(n, k)``, the token
@@ -415,8 +468,7 @@ def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, p
         first = _draw(probs, counter_uniform(row_seed, row_pos, _FIRST))  # [rows]
         second = _draw(probs, counter_uniform(row_seed, row_pos, _SECOND))
         match = (d == first[safe]) | (d == second[safe])
-        return {"greedy": greedy, "match": match,
-                "next": lambda n, k: first[(starts + n).clamp(max=num_rows - 1)]}
+        return {"greedy": greedy, "match": match, "next": lambda n, k: first[(starts + n).clamp(max=num_rows - 1)]}
     q = None
     if draft_logits is not None:  # q at the request's temperature (greedy rows never read it)
         z = draft_logits.to(device)[states].float()  # [R, K, V_draft]
@@ -433,8 +485,11 @@ def _v2_sampled(target_logits, raw_logits, draft_logits, drafts, safe, starts, p
         row = (starts + n).clamp(max=num_rows - 1)
         p_n = probs[row]  # [R, V]
         at = n.clamp(max=d.shape[1] - 1)[:, None]
-        q_n = (q.gather(1, at[..., None].expand(-1, 1, vocab)).squeeze(1) if q is not None
-               else torch.nn.functional.one_hot(d.gather(1, at).squeeze(1), vocab).to(p_n.dtype))
+        q_n = (
+            q.gather(1, at[..., None].expand(-1, 1, vocab)).squeeze(1)
+            if q is not None
+            else torch.nn.functional.one_hot(d.gather(1, at).squeeze(1), vocab).to(p_n.dtype)
+        )
         residual = (p_n - q_n).clamp(min=0.0)
         total = residual.sum(-1, keepdim=True)
         # p == q up to rounding leaves no residual mass: p itself is then the exact distribution
