@@ -65,8 +65,9 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
         "model / not at all.",
         "",
         "| category | n | ar tok/s | exact-mla tok/s | fly-mla (lossy) tok/s | fly / exact | fly identical to ar "
-        "| fly rounds that could defer | fly deferrals | exact draft levels | fly draft levels |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| fly rounds that could defer | fly deferrals | exact / fly mean accepted length | exact draft levels "
+        "| fly draft levels |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     ratios = []
     for cat, per in cats.items():
@@ -81,9 +82,11 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
             f"| {cat} | {f['prompts']} | {a['tokens_per_s']:.2f} | {e['tokens_per_s']:.2f} | "
             f"{f['tokens_per_s']:.2f} | {r:.3f}x | {f['identical_to_ar']:.2f} | "
             + (f"{could} of {rounds}" if could is not None and rounds else "-")
-            + f" | {f.get('fly_deferred', '-')} | {_levels(e)} | {_levels(f)} |"
+            + f" | {f.get('fly_deferred', '-')} | {_f(e.get('mean_accepted_length'), '.2f')} / "
+            f"{_f(f.get('mean_accepted_length'), '.2f')} | {_levels(e)} | {_levels(f)} |"
         )
     ratio = geomean(ratios)
+    out += variants(cats)
     spec_n = sum(per[FLY]["prompts"] for cat, per in cats.items() if cat != "humaneval" and FLY in per)
     checks = [
         (
@@ -121,6 +124,38 @@ def report(root: Path, min_ratio: float = 1.10, min_retention: float = 0.97) -> 
     ]
     out += [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
     return "\n".join(out), full and all(ok for _, ok in checks)
+
+
+def variants(cats: dict[str, dict]) -> list[str]:
+    """Other FLy settings run beside the default (``fly-mla@...``, e.g. the paper preset), against exact's
+    default on the same prompts; not part of the checks."""
+    names = sorted({m for per in cats.values() for m in per if m.startswith(FLY + "@")})
+    if not names:
+        return []
+    out = [
+        "",
+        "Other FLy settings on the same prompts (lossy; not part of the checks):",
+        "",
+        "| category | setting | n | tok/s | / exact | identical to ar | deferrals | mean accepted length "
+        "| retention vs ar (lost / gained) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name in names:
+        for cat, per in cats.items():
+            v, e = per.get(name), per.get(EXACT)
+            if not (v and e and v.get("tokens_per_s") and e.get("tokens_per_s")):
+                continue
+            keep = (
+                f"{v['recovery']:.3f} ({v['ar_right_method_wrong']} / {v['ar_wrong_method_right']})"
+                if v.get("recovery") is not None
+                else "-"
+            )
+            out.append(
+                f"| {cat} | {name.split('@', 1)[1]} | {v['prompts']} | {v['tokens_per_s']:.2f} | "
+                f"{v['tokens_per_s'] / e['tokens_per_s']:.3f}x | {v['identical_to_ar']:.2f} | "
+                f"{v.get('fly_deferred', '-')} | {_f(v.get('mean_accepted_length'), '.2f')} | {keep} |"
+            )
+    return out
 
 
 def he_recovery_ci(root: Path):

@@ -175,10 +175,11 @@ def fly_cat(n, ar, exact, fly, **extra):
     base = {"prompts": n, "identical_to_ar": 1.0, "draft_levels": {"lookup": 0.5, "model": 0.4, "none": 0.1}}
     return {
         "ar": {**base, "tokens_per_s": ar},
-        "exact-mla": {**base, "tokens_per_s": exact},
+        "exact-mla": {**base, "tokens_per_s": exact, "mean_accepted_length": 2.5},
         "fly-mla": {
             **base,
             "tokens_per_s": fly,
+            "mean_accepted_length": 3.25,
             "identical_to_ar": 0.5,
             "fly_deferrable_rounds": 30,
             "level_rounds": 100,
@@ -230,7 +231,23 @@ def test_fly_acceptance_checks_speed_retention_and_size(tmp_path):
         in text
     )
     assert "retention 1.000, 95% interval " in text and ": 0 lost, 0 gained" in text and "partial" not in text
-    assert "| c0 | 10 | 4.00 | 5.00 | 6.00 | 1.200x | 0.50 | 30 of 100 | 4 | 50% / 40% / 10% |" in text
+    assert "| c0 | 10 | 4.00 | 5.00 | 6.00 | 1.200x | 0.50 | 30 of 100 | 4 | 2.50 / 3.25 | 50% / 40% / 10% |" in text
+    assert "Other FLy settings" not in text  # no variant ran
+
+    # a variant beside the default (the paper preset) gets its own table against exact, outside the checks
+    paper = {
+        "prompts": 10,
+        "tokens_per_s": 2.5,
+        "identical_to_ar": 0.2,
+        "fly_deferred": 9,
+        "mean_accepted_length": 7.0,
+    }
+    with_paper = {c: {**per, "fly-mla@fly_preset=paper": paper} for c, per in cats.items()}
+    (tmp_path / "specbench" / "summary.json").write_text(json.dumps({"methods": {}, "categories": with_paper}))
+    text, ok = fly_report(tmp_path)
+    assert ok, text
+    assert "| c0 | fly_preset=paper | 10 | 2.50 | 0.500x | 0.20 | 9 | 7.00 | - |" in text
+    (tmp_path / "specbench" / "summary.json").write_text(json.dumps({"methods": {}, "categories": cats}))
 
     # too slow in one category drags the geometric mean below the bar
     cats["c0"] = fly_cat(10, 4.0, 5.0, 2.0)
