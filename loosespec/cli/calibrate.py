@@ -113,7 +113,9 @@ def calibrate(
     """
     from loosespec.decode.engine import Engine
     from loosespec.eval.datasets import load_dataset
+    from loosespec.extras import BENCH, require
 
+    require(BENCH, "loosespec calibrate")  # its statistics: before any model loads
     # what is calibrated is the method's own: the step score's tau and beta of a step-level method (SpecGuard),
     # the loose window rule's theta, W and K (FLy)
     spec = METHODS.get(method)

@@ -1,4 +1,5 @@
-"""``loosespec models``: the embedded models listed, prepared (``pull``), and a model's forward cost (``cost``)."""
+"""``loosespec models``: the embedded models listed, prepared (``pull``), removed (``rm``), and a model's forward cost
+(``cost``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ def models_pull(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDD
 
     for n in list(EMBEDDED) if name == "all" else [name]:
         print(pull(n, progress=True))
+
+
+@models_app.command("rm")
+def models_rm(name: str = typer.Argument(..., help=f"One of: {', '.join(EMBEDDED)}.")):
+    """Remove a prepared embedded model from the cache (its GGUF, its safetensors conversion, its cached int8
+    weights), saying how many bytes that freed; `loosespec models pull` prepares it again."""
+    from loosespec.models import remove
+
+    freed = remove(name)
+    if freed:
+        print(f"removed {name}: {freed / 1e9:.2f} GB freed ({freed} bytes)")
+    else:
+        print(f"{name} is not prepared: nothing to remove (0 bytes freed)")
 
 
 @models_app.command("cost")

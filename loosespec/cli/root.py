@@ -23,7 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Loose speculative decoding for LLMs, with lossless baselines and measurements.",
 )
-models_app = typer.Typer(invoke_without_command=True, help="List the embedded models, or prepare one (pull).")
+models_app = typer.Typer(
+    invoke_without_command=True, help="List the embedded models, prepare one (pull) or remove one (rm)."
+)
 app.add_typer(models_app, name="models")
 
 

@@ -45,7 +45,10 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     """P(score of a random agreeing step > score of a random disagreeing one), ties count half: the
     Mann-Whitney U of the agreeing steps over the number of pairs (scipy)."""
     import numpy as np
-    from scipy.stats import mannwhitneyu
+
+    from loosespec.extras import import_extra
+
+    mannwhitneyu = import_extra("scipy.stats", "the calibration's ROC AUC").mannwhitneyu
 
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     pos, neg = s[y], s[~y]
@@ -130,7 +133,9 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     pairs."""
     if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
-    from scipy.stats import spearmanr
+    from loosespec.extras import import_extra
+
+    spearmanr = import_extra("scipy.stats", "the calibration's rank correlation").spearmanr
 
     return round(float(spearmanr(xs, ys).statistic), 4)
 

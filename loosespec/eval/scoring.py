@@ -150,7 +150,10 @@ def score_number(problem: Problem, output: str) -> bool:
 
 
 def score_math500(problem: Problem, output: str) -> bool:
-    from math_verify import parse, verify
+    from loosespec.extras import import_extra
+
+    math_verify = import_extra("math_verify", "MATH-500's scoring")
+    parse, verify = math_verify.parse, math_verify.verify
 
     # math_verify's timeouts use signal.alarm, which only works on the main thread
     main = threading.current_thread() is threading.main_thread()
@@ -218,8 +221,8 @@ def humaneval_program(problem: Problem, output: str, with_tests: bool = True) ->
 CODE_EXECUTION_ENV = "LOOSESPEC_ALLOW_CODE_EXECUTION"
 CODE_EXECUTION_REFUSAL = (
     "{name} is scored by running model-written code; pass --allow-code-execution (or set "
-    "LOOSESPEC_ALLOW_CODE_EXECUTION=1) to run it in loosespec's sandbox (see the README's "
-    "'Evaluation' section)"
+    "LOOSESPEC_ALLOW_CODE_EXECUTION=1) to run it in loosespec's sandbox (see docs/bench.md, "
+    "'Evaluation')"
 )
 
 

@@ -1,18 +1,25 @@
 """loosespec's transformers ``custom_generate`` in the Hub repository layout (``make hf-custom-generate``):
 ``custom_generate/generate.py`` (which imports :mod:`loosespec.integrations.hf`), its ``requirements.txt`` and a
-``README.md`` (the method card: what is lossy, every argument, an example).
+``README.md`` (the method card: what is lossy, every argument, an example), and loosespec's own wheel.
 
-``python -m loosespec.integrations.hf_hub OUT`` writes it; ``model.generate(custom_generate=OUT, trust_remote_code=True,
-...)`` loads it.
+loosespec is on no package index, so the layout carries the wheel ``make dist`` built (``--wheel-dir``): the README
+says to ``pip install`` that file, and ``requirements.txt``, which transformers checks against the installed
+distributions when it loads the folder, names exactly its version (``loosespec==X``), with comment lines saying where
+it comes from. Without a wheel, the README says how to build one from a checkout.
+
+``python -m loosespec.integrations.hf_hub OUT [--wheel-dir DIST]`` writes it; ``model.generate(custom_generate=OUT,
+trust_remote_code=True, ...)`` loads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 from pathlib import Path
 
 from loosespec.config import KNOBS, knob_help
+from loosespec.errors import LoosespecError
 from loosespec.integrations.hf import KNOB_KWARGS
 from loosespec.methods import METHODS
 
@@ -28,8 +35,9 @@ from loosespec.integrations.hf import generate  # noqa: F401
 '''
 
 
-def hub_readme() -> str:
-    """The Hub repository's README: what the method is, which methods are lossy, its arguments, usage."""
+def hub_readme(wheel: str | None = None) -> str:
+    """The Hub repository's README: what the method is, which methods are lossy, its arguments, usage. ``wheel``: the
+    file name of the loosespec wheel the layout carries (None: it carries none)."""
     from loosespec import __version__
 
     methods = "\n".join(
@@ -65,13 +73,11 @@ on their speedup. `exact` returns exactly what `model.generate(do_sample=False)`
 
 ## Installation
 
-This folder holds only the entry point; the decode loop is loosespec's (version {__version__}):
+This folder holds only the entry point; the decode loop is loosespec's (version {__version__}), which is on no
+package index{_install(wheel, __version__)}
 
-```sh
-pip install loosespec        # or, in a checkout of its repository: pip install -e .
-```
-
-`custom_generate/requirements.txt` lists it; transformers checks it when loading this folder.
+`custom_generate/requirements.txt` names `loosespec=={__version__}`: transformers checks that it is installed when
+it loads this folder (it installs nothing itself).
 
 ## Base model and compatibility
 
@@ -128,16 +134,67 @@ def _default(name: str):
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-def write_hub_layout(out: str | Path) -> Path:
+def _install(wheel: str | None, version: str) -> str:
+    """The README's installation instructions, after "which is on no package index"."""
+    if wheel is not None:
+        return f""": install the wheel this repository carries, `{wheel}`, beside this README (its
+dependencies, torch and transformers among them, come from your package index):
+
+```sh
+pip install ./{wheel}                                                    # in a clone of this repository
+pip install https://huggingface.co/<this repository>/resolve/main/{wheel}   # without one
+```"""
+    return f""". Build its wheel in a checkout of loosespec's repository and install that:
+
+```sh
+make dist                                            # dist/loosespec-{version}-py3-none-any.whl
+pip install dist/loosespec-{version}-py3-none-any.whl   # or, in the checkout: pip install -e .
+```"""
+
+
+def wheel_in(directory: str | Path) -> Path:
+    """The wheel of this loosespec's version in ``directory`` (what ``make dist`` leaves in ``dist/``); a
+    :class:`~loosespec.errors.LoosespecError` naming what is there when there is none."""
+    from loosespec import __version__
+
+    directory = Path(directory)
+    found = sorted(directory.glob(f"loosespec-{__version__}-*.whl"))
+    if len(found) != 1:
+        there = ", ".join(p.name for p in sorted(directory.glob("*.whl"))) or "no wheel"
+        raise LoosespecError(
+            f"expected one loosespec-{__version__}-*.whl in {directory} (make dist builds it), found: {there}"
+        )
+    return found[0]
+
+
+def write_hub_layout(out: str | Path, wheel: str | Path | None = None) -> Path:
     """Write the Hub repository layout into ``out``: ``custom_generate/generate.py``, its ``requirements.txt``,
-    and ``README.md``. ``model.generate(custom_generate=str(out), trust_remote_code=True, ...)`` loads it."""
+    and ``README.md``; with ``wheel`` (loosespec's, of this version: :func:`wheel_in`), a copy of it beside the
+    README, which says to install it (any other loosespec wheel there is removed).
+    ``model.generate(custom_generate=str(out), trust_remote_code=True, ...)`` loads it."""
     from loosespec import __version__
 
     out = Path(out)
     (out / "custom_generate").mkdir(parents=True, exist_ok=True)
+    name = None
+    if wheel is not None:
+        wheel = Path(wheel)
+        if not wheel.name.startswith(f"loosespec-{__version__}-") or wheel.suffix != ".whl":
+            raise LoosespecError(f"{wheel} is not a wheel of loosespec {__version__}")
+        name = wheel.name
+        for old in out.glob("loosespec-*.whl"):
+            if old.name != name:
+                old.unlink()
+        shutil.copyfile(wheel, out / name)
     (out / "custom_generate" / "generate.py").write_text(GENERATE_PY, encoding="utf-8")
-    (out / "custom_generate" / "requirements.txt").write_text(f"loosespec>={__version__}\n", encoding="utf-8")
-    (out / "README.md").write_text(hub_readme(), encoding="utf-8")
+    where = f"the wheel beside README.md ({name})" if name else "a wheel built from its repository (make dist)"
+    (out / "custom_generate" / "requirements.txt").write_text(
+        f"# loosespec is on no package index: pip install {where}.\n"
+        "# transformers checks the line below against the installed distributions when it loads this folder.\n"
+        f"loosespec=={__version__}\n",
+        encoding="utf-8",
+    )
+    (out / "README.md").write_text(hub_readme(name), encoding="utf-8")
     return out
 
 
@@ -147,7 +204,14 @@ def main(argv: list[str] | None = None) -> None:
         description="Write loosespec's transformers custom_generate in the Hub layout.",
     )
     p.add_argument("out", help="directory to write (custom_generate/generate.py, requirements.txt, README.md)")
-    out = write_hub_layout(p.parse_args(argv).out)
+    p.add_argument(
+        "--wheel-dir", help="a folder holding loosespec's wheel of this version (make dist: dist), copied in"
+    )
+    args = p.parse_args(argv)
+    try:
+        out = write_hub_layout(args.out, wheel_in(args.wheel_dir) if args.wheel_dir else None)
+    except LoosespecError as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
     print(f"wrote {out}: model.generate(..., custom_generate={str(out)!r}, trust_remote_code=True)")
 
 

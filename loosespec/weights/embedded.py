@@ -36,7 +36,7 @@ from pathlib import Path
 from loosespec.errors import LoosespecError
 from loosespec.fileio import _umask
 from loosespec.weights.convert import CONVERTED_DTYPE, READY_MARKER, convert_gguf
-from loosespec.weights.store import LOCK, cache_root, locked, sha256_file
+from loosespec.weights.store import LOCK, cache_root, locked, remove_files, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -313,3 +313,15 @@ def verified_gguf(name: str, progress: bool = True) -> Path:
     model = _embedded(name)
     with locked(model_dir(name) / LOCK, name):
         return _ensure_gguf(model, progress)
+
+
+def remove(name: str) -> int:
+    """Delete a prepared embedded model's files (its GGUF, its conversion, a partial download) under its lock, so that
+    no pull is preparing it meanwhile; the bytes freed (0 when nothing was there). ``loosespec models pull`` prepares
+    it again. An unknown name is an error listing the known ones."""
+    _embedded(name)
+    folder = model_dir(name)
+    if not folder.is_dir():
+        return 0
+    with locked(folder / LOCK, name):
+        return remove_files(folder)

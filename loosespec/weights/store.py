@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -55,3 +56,22 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def remove_files(folder: Path, keep: tuple[str, ...] = (LOCK,)) -> int:
+    """Delete everything under ``folder`` but the top-level files named in ``keep`` (its lock file: a process waiting
+    on it must not be left holding a lock on a file that no longer has the name, see :func:`locked`); the bytes the
+    deleted files held (0 when there was nothing). Empty folders left behind go too."""
+    if not folder.is_dir():
+        return 0
+    freed = 0
+    for entry in folder.iterdir():
+        if entry.name in keep and not entry.is_dir():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            freed += sum(f.lstat().st_size for f in entry.rglob("*") if not f.is_dir() or f.is_symlink())
+            shutil.rmtree(entry)
+        else:
+            freed += entry.lstat().st_size
+            entry.unlink()
+    return freed

@@ -200,3 +200,31 @@ def test_int4_gguf_is_rehashed_before_llama_cpp_runs_it(fake_embedded, monkeypat
     flip(gguf)  # corrupted after the model was marked ready
     assert embedded.verified_gguf("fake", progress=False) == gguf
     assert gguf.read_bytes() == data
+
+
+# --------------------------------------------------------------------------------------------
+# issue 45, item 5: `loosespec models rm`
+# --------------------------------------------------------------------------------------------
+
+
+def test_remove_deletes_a_prepared_model_under_its_lock_and_says_what_it_freed(fake_embedded, monkeypatch, cache):
+    model, data = fake_embedded
+    FakeConverter(monkeypatch)
+    hf = embedded.pull("fake", progress=False)
+    on_disk = sum(f.stat().st_size for f in embedded.model_dir("fake").rglob("*") if f.is_file())
+    assert embedded.model_state("fake") == "ready" and on_disk > len(data)
+    held = []
+    real_locked = embedded.locked
+    monkeypatch.setattr(embedded, "locked", lambda f, what: held.append(f) or real_locked(f, what))
+    assert embedded.remove("fake") == on_disk
+    assert held == [embedded.model_dir("fake") / embedded.LOCK]
+    assert embedded.model_state("fake") == "missing" and not hf.exists()
+    assert not [f for f in cache.rglob("*") if f.is_file() and f.name != embedded.LOCK]
+    assert {m.name: m.size_bytes for m in embedded.list_models()}["fake"] == 0
+    assert embedded.remove("fake") == 0  # nothing left to free
+
+
+def test_remove_refuses_an_unknown_name(cache):
+    with pytest.raises(LoosespecError, match="unknown embedded model 'gpt-17'; known: .*smollm2-135m-instruct"):
+        embedded.remove("gpt-17")
+    assert not cache.exists()

@@ -39,3 +39,15 @@ def test_locked_makes_a_second_holder_wait_and_say_so(tmp_path, capsys):
     t.join(10)
     assert order == ["first", "second"] and lock.exists()
     assert "another process is preparing thing" in capsys.readouterr().err
+
+
+def test_remove_files_deletes_all_but_the_lock_and_counts_the_bytes(tmp_path):
+    folder = tmp_path / "m"
+    (folder / "hf" / "sub").mkdir(parents=True)
+    (folder / "model.gguf").write_bytes(b"g" * 1000)
+    (folder / "hf" / "model.safetensors").write_bytes(b"s" * 300)
+    (folder / "hf" / "sub" / "x.json").write_bytes(b"{}")
+    (folder / store.LOCK).write_bytes(b"")
+    assert store.remove_files(folder) == 1302
+    assert [p.name for p in folder.iterdir()] == [store.LOCK], "the lock file is kept: a waiter may hold it"
+    assert store.remove_files(folder) == 0 and store.remove_files(tmp_path / "nothing") == 0
