@@ -2,12 +2,12 @@
 
 Library entry points::
 
-    from loosespec import Engine
+    from loosespec import DecodeConfig, Engine
 
-    from loosespec import DecodeConfig
     engine = Engine.load()  # default Qwen2.5-Coder 1.5B target, 0.5B draft
-    result = engine.generate("Write quicksort in Python.", DecodeConfig.create("exact", has_draft_model=True))
+    result = engine.generate("Write quicksort in Python.")  # exact when greedy; drafter and K from the models loaded
     print(result.text, result.stats.to_dict())
+    results = engine.generate(["Sum a list.", "Reverse a string."], DecodeConfig(temperature=0.7))  # rejection
 """
 
 __version__ = "0.1.0"

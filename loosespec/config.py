@@ -9,8 +9,11 @@ vLLM plugin's FLy settings (``loosespec.integrations.vllm.rule``) and the errors
 
 Field names are the public names everywhere: CLI flags (``--num-draft-tokens``), ``--json``
 output, result files and server request fields. Where vLLM or transformers already has a
-name for a knob, loosespec uses it (``prompt_lookup_max``, ``prompt_lookup_min``, ``top_p``,
-``top_k``, ``max_new_tokens``, ``seed``).
+name for a knob, loosespec uses it: vLLM's ``prompt_lookup_max``, ``prompt_lookup_min``, ``seed`` and
+``fly_*``, both's ``top_p`` and ``top_k``, transformers' ``max_new_tokens``. vLLM's
+``speculative_config`` keys are accepted as they are (:mod:`loosespec.speculative_config`), and the
+transformers entry takes ``prompt_lookup_num_tokens``, ``max_matching_ngram_size`` and
+``num_assistant_tokens`` (:mod:`loosespec.integrations.hf`).
 
 Errors are :class:`ConfigError`: they name the field, and each front end phrases them for its
 user (``--num-draft-tokens`` on the command line, ``num_draft_tokens`` and ``param`` in the
@@ -27,7 +30,10 @@ from typing import Annotated, Any, Literal, Optional
 from loosespec.drafters import DRAFTERS as _DRAFTER_TABLE
 from loosespec.drafters import default_drafter as _default_drafter
 from loosespec.errors import LoosespecError
-from loosespec.methods import LOSSY_METHODS  # noqa: F401 (re-exported)
+from loosespec.methods import (
+    LOSSY_METHODS,  # noqa: F401 (re-exported)
+    default_method,
+)
 from loosespec.methods import METHODS as _REGISTRY
 from loosespec.verify.fly import FLY_BOUNDARIES, FLY_WINDOW_MEANING, fly_theta_problem
 
@@ -103,7 +109,9 @@ class Knob:
     request: bool = True  # a per-request field of the server
     cli: bool = True  # a CLI option of generate and serve
     escapes: bool = False  # on the command line, backslash escapes (\\n) are interpreted
-    auto: bool = False  # the CLI and the server leave it unset (None) by default: DecodeConfig.create fills it
+    # unset (None) by default: DecodeConfig fills it from the other knobs (the method from the temperature, K from
+    # the drafter, fly_* from the preset), the drafter from the loaded models (DecodeConfig.resolved: the engine)
+    auto: bool = False
     lossy: str | None = None  # the lossy method the knob belongs to ("FLy", "SpecGuard"), named in its help text
     check: Any = None  # value -> error text (None: fine), for rules bounds cannot say
     vllm: bool = (
@@ -241,26 +249,44 @@ class DecodeConfig:
     """Everything that decides what one generation computes (models and prompt aside).
 
     Every field is a knob (:func:`knob`): declared once, with its bounds and help; the CLI, the server
-    and the vLLM plugin derive their options from these declarations.
+    and the vLLM plugin derive their options from these declarations. Each has a default: ``DecodeConfig()`` runs
+    what ``loosespec generate`` runs, the engine choosing the drafter for the models it loaded (:meth:`resolved`).
     """
 
-    method: str = knob("exact", "; ".join(f"{k}: {v}" for k, v in METHODS.items()), choices=tuple(METHODS))
+    method: Optional[str] = knob(
+        None,
+        "; ".join(f"{k}: {v}" for k, v in METHODS.items())
+        + f". Default: {default_method(False)} when greedy (temperature 0), {default_method(True)} when sampling "
+        "(temperature > 0); exact with a temperature > 0 is an error.",
+        choices=tuple(METHODS),
+        auto=True,
+    )
     drafter: Optional[str] = knob(
         None,
         "; ".join(f"{k}: {v}" for k, v in DRAFTERS.items())
         + (
-            ". Default: mla with a draft model, ngram without (none for ar). Default draft length per round: "
+            ". Default: mla with a draft model loaded, ngram without (none for ar). Default draft length per round: "
             + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items())
             + f"; {FLY_NUM_DRAFT_TOKENS} for fly"
         ),
         choices=tuple(DRAFTERS),
         auto=True,
     )
-    num_draft_tokens: int = knob(
-        10, "Draft tokens per round (K; the most with the cost-aware draft length).", auto=True, ge=1, le=128
+    num_draft_tokens: Optional[int] = knob(
+        None,
+        "Draft tokens per round (K; the most with the cost-aware draft length). Default: the drafter's ("
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_NUM_DRAFT_TOKENS.items())
+        + "); for fly, the FLy preset's ("
+        + ", ".join(f"{p} {v['num_draft_tokens']}" for p, v in FLY_PRESETS.items())
+        + ").",
+        auto=True,
+        ge=1,
+        le=128,
     )
     max_new_tokens: int = knob(256, "Stop after this many new tokens.", request=False, ge=1)
-    temperature: float = knob(0.0, "0 = greedy.", ge=0.0)
+    temperature: float = knob(
+        0.0, f"0 = greedy; above 0 samples (and the default method is {default_method(True)}).", ge=0.0
+    )
     top_p: float = knob(
         1.0, "Nucleus sampling: keep the smallest set of tokens with this probability mass.", gt=0.0, le=1.0
     )
@@ -270,7 +296,10 @@ class DecodeConfig:
     seed: int = knob(0, "Seed of every random draw (drafts, sampling).", ge=0, le=2**63 - 1)
     stop: tuple[str, ...] = knob(default_factory=tuple, help="Stop string (repeatable).", request=False)
     prompt_lookup_max: int = knob(
-        3, "n-gram lookup: the longest suffix n-gram tried first (transformers' name).", ge=1, le=64
+        3,
+        "n-gram lookup: the longest suffix n-gram tried first (vLLM's name; transformers' max_matching_ngram_size).",
+        ge=1,
+        le=64,
     )
     prompt_lookup_min: int = knob(1, "n-gram lookup: the shortest suffix n-gram tried.", ge=1, le=64)
     mla_lookup_tokens: int = knob(6, "MLA: n-gram candidates checked per draft-model forward (FLy's M).", ge=1, le=128)
@@ -396,7 +425,7 @@ class DecodeConfig:
     sg_tau: float = knob(
         DEFAULT_SG_TAU,
         "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
-        "default calibrated on GSM8K, see README).",
+        "default calibrated on GSM8K, see docs/bench.md).",
         lossy="SpecGuard",
         ge=0.0,
     )
@@ -447,18 +476,33 @@ class DecodeConfig:
         for name in ("fly_entropy_threshold", "fly_boundary", "fly_copy_guard"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, preset[name])
-        if self.fly_window_size is None:
+        if self.fly_window_size is None and self.num_draft_tokens is not None:  # else once the drafter is known
             k = validate_knob("num_draft_tokens", self.num_draft_tokens)
             object.__setattr__(self, "fly_window_size", max(0, min(preset["fly_window_size"], k - 1)))
         m = _REGISTRY.get(self.method)  # not validated yet: an unknown name is refused below
         if m is not None and m.loose_window and not preset["adaptive_draft_length"]:
             object.__setattr__(self, "adaptive_draft_length", False)
 
+    def _fill_defaults(self) -> None:
+        """An unset method follows the temperature (:func:`loosespec.methods.default_method`); an unset K is the
+        drafter table's for the drafter (a loose-window method's: the preset's), once the drafter is known."""
+        if self.method is None:
+            object.__setattr__(self, "method", default_method(validate_knob("temperature", self.temperature) > 0))
+        m = _REGISTRY.get(self.method)  # not validated yet: an unknown name is refused below
+        if self.num_draft_tokens is None and m is not None:
+            if m.loose_window:
+                preset = FLY_PRESETS.get(self.fly_preset)  # a bad name: _fill_from_preset says so
+                k = preset["num_draft_tokens"] if preset else None
+            else:  # None until the drafter is known (resolved()); no drafter (ar): one token per forward
+                k = DEFAULT_NUM_DRAFT_TOKENS.get(self.drafter) if m.speculative else 1
+            object.__setattr__(self, "num_draft_tokens", k)
+
     def __post_init__(self):
+        self._fill_defaults()
         self._fill_from_preset()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "drafter" and value is None:
+            if value is None and f.metadata["knob"].auto:  # the drafter (and its K) unset: resolved() fills them
                 continue
             if f.name == "stop":
                 if any(not isinstance(s, str) or not s for s in value):
@@ -477,10 +521,6 @@ class DecodeConfig:
                     "method '{m}' uses no drafter; drop {drafter} or pick a speculative method",
                     m=self.method,
                 )
-        elif self.drafter is None:
-            raise ConfigError(
-                "drafter", "method '{m}' needs a drafter; choose one of: {d}", m=self.method, d=", ".join(DRAFTERS)
-            )
         if method.greedy_only and self.temperature != 0.0:
             raise ConfigError(
                 "temperature",
@@ -504,26 +544,28 @@ class DecodeConfig:
                 b=self.prompt_lookup_max,
             )
 
+    def resolved(self, has_draft_model: bool) -> "DecodeConfig":
+        """This config with an unset drafter filled as the engine fills it, from the models it loaded: the
+        method's default drafter (:func:`default_drafter`: mla with a draft model, ngram without), and an unset K
+        with that drafter's default. Itself when there is nothing to fill (a drafter given, or ar)."""
+        if self.drafter is not None or not _REGISTRY[self.method].speculative:
+            return self
+        return dataclasses.replace(self, drafter=default_drafter(self.method, has_draft_model))
+
     @classmethod
     def create(
         cls,
-        method: str = "exact",
+        method: str | None = None,
         drafter: str | None = None,
         num_draft_tokens: int | None = None,
         has_draft_model: bool = False,
         **kw,
     ) -> "DecodeConfig":
-        """Build a config, filling the drafter and draft length defaults the way the CLI does."""
-        if drafter is None:
-            drafter = default_drafter(method, has_draft_model)
-        if num_draft_tokens is None:
-            preset = FLY_PRESETS.get(kw.get("fly_preset") or DEFAULT_FLY_PRESET)
-            fly_k = preset["num_draft_tokens"] if preset else FLY_NUM_DRAFT_TOKENS  # a bad name: __post_init__ says
-            m = _REGISTRY.get(method)
-            num_draft_tokens = fly_k if m is not None and m.loose_window else DEFAULT_NUM_DRAFT_TOKENS.get(drafter, 1)
+        """A config with every default filled, the drafter's for ``has_draft_model`` (:meth:`resolved`); stop
+        strings may be a list. ``DecodeConfig(...)`` does the same, leaving the drafter to the engine."""
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"] or ())
-        return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw)
+        return cls(method=method, drafter=drafter, num_draft_tokens=num_draft_tokens, **kw).resolved(has_draft_model)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -190,6 +190,12 @@ BASELINE: str = next(m.name for m in METHODS.values() if not m.speculative)
 ALL_COUNTERS: tuple[str, ...] = tuple(dict.fromkeys(c for m in METHODS.values() for c in m.counters))
 
 
+def default_method(sampling: bool) -> str:
+    """The method a run takes when none is named: the lossless one for its sampling, exact match when greedy,
+    rejection sampling at temperature > 0 (exact is greedy only)."""
+    return "rejection" if sampling else "exact"
+
+
 def needs_draft_model(method: str, drafter: str | None) -> bool:
     """Whether ``method`` with ``drafter`` needs a draft model: the method's own steps, or its drafter's (False for
     unknown names, which the configuration refuses)."""

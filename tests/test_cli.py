@@ -91,8 +91,29 @@ def test_unknown_method_and_drafter(tiny_dir):
 
 
 def test_exact_needs_greedy(tiny_dir):
-    p = cli("generate", "--target", str(tiny_dir / "target"), "--temperature", "0.7", "hi")
+    p = cli("generate", "--target", str(tiny_dir / "target"), "--method", "exact", "--temperature", "0.7", "hi")
     assert_one_line_error(p, "rejection")
+
+
+def test_sampling_without_a_method_samples_with_rejection_and_several_prompts_run(tiny_dir):
+    """--temperature 0.7 alone failed under the default method exact; now the method follows the temperature."""
+    common = ("generate", "--raw", "--dtype", "float32", "--target", str(tiny_dir / "target"), "--max-new-tokens", "6")
+    p = cli(*common, "--json", "--temperature", "0.7", "def f(x):\n", "abcabc")
+    assert p.returncode == 0, p.stderr
+    outs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert len(outs) == 2 and all(o["config"]["method"] == "rejection" for o in outs)
+    assert all(o["config"]["drafter"] == "ngram" and o["config"]["temperature"] == 0.7 for o in outs)
+    p = cli(*common, "first", "second")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("==> prompt 1/2 <==\n") and "\n\n==> prompt 2/2 <==\n" in p.stdout
+    assert p.stderr.count("[exact-ngram]") == 2
+    import typer
+
+    from loosespec.cli import app
+
+    cmd = typer.main.get_command(app).commands["generate"]  # --help says so, for the command and for --method
+    assert "rejection with --temperature" in " ".join(cmd.help.split())
+    assert "rejection when sampling" in next(o.help for o in cmd.params if o.name == "method")
 
 
 def test_json_output_and_stdin(tiny_dir):
@@ -380,3 +401,74 @@ def test_quiet_verbose_and_the_environment_set_what_stderr_shows(tiny_dir):
     assert_one_line_error(cli("--verbose", "--quiet", *args), "--verbose and --quiet")
     assert_one_line_error(cli(*args, env={"LOOSESPEC_LOGGING_LEVEL": "loud"}), "LOOSESPEC_LOGGING_LEVEL", "'loud'")
     assert cli("generate", "--quiet", "abc").returncode == 2  # a global option: before the command
+
+
+# --- vLLM's --speculative-config (loosespec.speculative_config) ---------------------------------------------------
+
+
+def test_speculative_config_sets_the_knobs_and_the_draft(tiny_dir):
+    """vLLM's spelling on generate: its method is the drafter, its model the draft, rejection_sample_method the
+    method; the knobs it names reach the run's config."""
+    target = str(tiny_dir / "target")
+    common = ("generate", "--json", "--raw", "--dtype", "float32", "--target", target, "--max-new-tokens", "6")
+    p = cli(
+        *common,
+        "--draft",
+        "none",
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}',
+        "abcabc",
+    )
+    assert p.returncode == 0, p.stderr
+    c = json.loads(p.stdout)["config"]
+    assert (c["method"], c["drafter"], c["num_draft_tokens"], c["prompt_lookup_max"]) == ("exact", "ngram", 5, 4)
+    spec = {
+        "method": "draft_model",
+        "model": str(tiny_dir / "draft"),
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "fly",
+        "fly_window_size": 2,
+        "fly_entropy_threshold": 0.3,
+        "fly_entropy_top_k": 2,
+    }
+    p = cli(*common, "--speculative-config", json.dumps(spec), "abcabc")  # no --draft: the config's model
+    assert p.returncode == 0, p.stderr
+    c = json.loads(p.stdout)["config"]
+    assert (c["method"], c["drafter"], c["num_draft_tokens"], c["lossy"]) == ("fly", "model", 4, True)
+    assert (c["fly_window_size"], c["fly_entropy_threshold"], c["fly_entropy_top_k"]) == (2, 0.3, 2)
+    assert c["draft"]["spec"] == str(tiny_dir / "draft")
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (
+            ["--num-draft-tokens", "8", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'],
+            ["--speculative-config num_speculative_tokens is 5 but --num-draft-tokens is 8"],
+        ),
+        (
+            ["--method", "exact", "--speculative-config", '{"rejection_sample_method": "fly"}'],
+            ["rejection_sample_method is 'fly' but --method is 'exact'"],
+        ),
+        (["--draft", "other", "--speculative-config", '{"model": "mine"}'], ["model is 'mine' but --draft is 'other'"]),
+        (["--speculative-config", '{"method": "eagle3", "model": "x"}'], ["'eagle3'", "ngram, draft_model"]),
+        (["--speculative-config", '{"num_lookahead_slots": 2}'], ["'num_lookahead_slots'", "num_speculative_tokens"]),
+        (["--speculative-config", "{'method': 'ngram'}"], ["--speculative-config is not valid JSON"]),
+    ],
+)
+def test_speculative_config_refuses_by_name(tiny_dir, args, words):
+    p = cli("generate", "--target", str(tiny_dir / "target"), *args, "hi")
+    assert_one_line_error(p, *words)
+
+
+def test_speculative_config_on_bench_is_one_more_method(tiny_dir, tmp_path):
+    """bench runs the config as the method --methods would name it, <method>-<drafter>@<knob>=<value>."""
+    out = tmp_path / "b"
+    args = ["bench", "--target", str(tiny_dir / "target"), "--dtype", "float32", "--dataset", "gsm8k", "--limit", "1"]
+    args += ["--max-new-tokens", "4", "--methods", "ar", "--out", str(out), "--no-plots"]
+    p = cli(*args, "--draft", "none", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    assert {r["method"] for r in rows} == {"ar", "exact-ngram@num_draft_tokens=3"}
+    p = cli(*args, "--draft", "none", "--speculative-config", '{"model": "elsewhere"}')
+    assert_one_line_error(p, "model is 'elsewhere' but --draft is 'none'")

@@ -47,6 +47,47 @@ def test_cross_field_errors_name_both_spellings():
     assert "use method rejection" in str(e.value) and "use --method rejection" in e.value.render("cli")
 
 
+def test_the_no_argument_config_is_valid_and_the_method_follows_the_temperature():
+    from loosespec.config import DEFAULT_NUM_DRAFT_TOKENS
+
+    cfg = DecodeConfig()
+    assert cfg.method == "exact" and cfg.drafter is None and cfg.num_draft_tokens is None  # the engine's to fill
+    assert DecodeConfig(temperature=0.7).method == "rejection"
+    assert DecodeConfig.create(temperature=0.7).method == "rejection"
+    assert DecodeConfig(method="fly", temperature=0.7).method == "fly"  # a method given is kept
+    with pytest.raises(ConfigError) as e:  # exact is greedy: naming it while sampling stays an error
+        DecodeConfig(method="exact", temperature=0.7)
+    assert e.value.field == "temperature"
+    with_draft, without = cfg.resolved(has_draft_model=True), cfg.resolved(has_draft_model=False)
+    assert (with_draft.drafter, with_draft.num_draft_tokens) == ("mla", DEFAULT_NUM_DRAFT_TOKENS["mla"])
+    assert (without.drafter, without.num_draft_tokens) == ("ngram", DEFAULT_NUM_DRAFT_TOKENS["ngram"])
+    assert with_draft == DecodeConfig.create(has_draft_model=True) and without == DecodeConfig.create()
+    assert DecodeConfig(method="ar").resolved(True).drafter is None
+    assert DecodeConfig(drafter="model", num_draft_tokens=5).resolved(True).drafter == "model"  # given: kept
+    assert "rejection when sampling" in knob_info("method").help
+
+
+@pytest.mark.parametrize("method", ["exact", "rejection", "fly", "specguard"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "mla"])
+def test_one_default_k_per_drafter_whichever_way_the_config_is_built(method, drafter):
+    """The constructor drafted 10 tokens with every drafter where create() took the drafter table's (mla: 15)."""
+    from loosespec.config import DEFAULT_FLY_PRESET, DEFAULT_NUM_DRAFT_TOKENS, FLY_PRESETS
+    from loosespec.drafters import DRAFTERS
+
+    want = (
+        FLY_PRESETS[DEFAULT_FLY_PRESET]["num_draft_tokens"] if method == "fly" else DRAFTERS[drafter].num_draft_tokens
+    )
+    assert DecodeConfig(method=method, drafter=drafter).num_draft_tokens == want
+    assert DecodeConfig.create(method, drafter).num_draft_tokens == want
+    if drafter != "model":  # the default drafters: the engine's filling gives the same K
+        has_draft = DRAFTERS[drafter].needs_draft_model
+        assert DecodeConfig(method=method).resolved(has_draft).num_draft_tokens == want
+    assert DEFAULT_NUM_DRAFT_TOKENS[drafter] == DRAFTERS[drafter].num_draft_tokens
+    assert DecodeConfig(method=method, drafter=drafter, num_draft_tokens=7).num_draft_tokens == 7  # a flag's K stays
+    if method == "fly":
+        assert DecodeConfig(method=method, drafter=drafter, fly_preset="paper").num_draft_tokens == 15
+
+
 def test_vllm_minus_one_top_k_means_disabled():
     assert DecodeConfig.create("rejection", temperature=1.0, top_k=-1).top_k == 0
 

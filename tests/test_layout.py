@@ -19,6 +19,8 @@ CORE = [
     "hardware.py",
     "log.py",
     "errors.py",
+    "extras.py",
+    "speculative_config.py",
 ]
 FRONT = ("loosespec.serve", "loosespec.eval", "loosespec.integrations", "loosespec.cli")
 

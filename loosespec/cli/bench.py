@@ -12,9 +12,11 @@ from loosespec.cli.options import (
     ALLOW_CODE_HELP,
     DATA_DIR_HELP,
     SANDBOX_HELP,
+    apply_speculative_config,
     csv_numbers,
     knob_options,
     load_options,
+    speculative_config_option,
     tqdm_write,
 )
 from loosespec.cli.root import app
@@ -31,6 +33,7 @@ BENCH_KNOBS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "sg_ta
 @knob_options(*BENCH_KNOBS, defaults={"sg_tau": None})  # no tau: the library's, kept out of the run's config
 @load_options()
 def bench(
+    ctx: typer.Context,
     dataset: str = typer.Option(..., help="gsm8k | mgsm | math500 | humaneval | specbench | mtbench | niah"),
     out: Path = typer.Option(..., help="Results directory (results.jsonl, summary.json, plots); rerun to resume."),
     limit: Optional[int] = typer.Option(
@@ -82,6 +85,7 @@ def bench(
     ),
     allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=ALLOW_CODE_HELP),
     sandbox: Optional[str] = typer.Option(None, help=SANDBOX_HELP),
+    speculative_config: Optional[str] = speculative_config_option(),
     **knobs,
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
@@ -96,7 +100,9 @@ def bench(
     from loosespec.eval import harness as B
     from loosespec.eval import report as RP
     from loosespec.eval import results as R
+    from loosespec.extras import BENCH, require
 
+    require(BENCH, "loosespec bench")  # its plots, statistics and scoring: before anything is loaded or run
     target, dtype = load.target, load.dtype
     max_new_tokens, temperature, top_p, top_k, seed, sg_tau, adaptive_draft_length = (knobs[n] for n in BENCH_KNOBS)
     if limit is not None and limit < 1:
@@ -104,6 +110,9 @@ def bench(
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     method_list = M.parse_methods(methods)
+    if speculative_config is not None:  # vLLM's spelling: one more loosespec method, named as --methods names it
+        name, load = _speculative_method(ctx, speculative_config, load, temperature)
+        method_list += [] if name in method_list else [name]
     sandbox_mode = D.check_code_execution([dataset], allow_code_execution, sandbox)  # before anything loads
     if sandbox_mode is not None:
         log.info(f"# model-written code is scored in the sandbox, mode {sandbox_mode}")
@@ -289,6 +298,18 @@ def bench(
     print(f"\nsummary: {out / R.SUMMARY}" + (", plots: " + str(out / "*.png") if plots else ""))
 
 
+def _speculative_method(ctx: typer.Context, text: str, load: LoadConfig, temperature: float) -> tuple[str, LoadConfig]:
+    """``--speculative-config`` as a bench method, ``<method>-<drafter>@<knob>=<value>...`` (its ``model`` is
+    ``--draft``); the method and drafter it leaves out are the ones ``generate`` would choose."""
+    from loosespec.config import DecodeConfig
+    from loosespec.eval.bench_methods import VARIANT_SEP, bench_method
+
+    kw, load = apply_speculative_config(ctx, text, {}, load)
+    cfg = DecodeConfig.create(**kw, temperature=temperature, has_draft_model=load.draft_model is not None)
+    variants = "".join(f"{VARIANT_SEP}{k}={v}" for k, v in kw.items() if k not in ("method", "drafter"))
+    return bench_method(f"{cfg.method}-{cfg.drafter}{variants}").name, load
+
+
 @app.command()
 def report(
     out: Path = typer.Argument(..., help="A results directory written by `loosespec bench`."),
@@ -323,6 +344,9 @@ def report(
     from loosespec.eval import bench_methods as M
     from loosespec.eval import report as RP
     from loosespec.eval import results as R
+    from loosespec.extras import BENCH, require
+
+    require(BENCH, "loosespec bench report")
 
     if pool and not failures:
         raise LoosespecError("--pool pools the --failures tables across seeds: give --failures with it")

@@ -1,4 +1,4 @@
-"""``loosespec generate``: one completion, streamed, with its statistics (and ar's, with --compare-ar)."""
+"""``loosespec generate``: a completion per prompt, streamed, with its statistics (and ar's, with --compare-ar)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,17 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from loosespec.cli.options import knob_options, knob_values, load_options
+from loosespec.cli.options import (
+    apply_speculative_config,
+    knob_options,
+    knob_values,
+    load_options,
+    speculative_config_option,
+)
 from loosespec.cli.root import app
 from loosespec.config import DecodeConfig
 from loosespec.drafters import drafter_needs_draft_model
@@ -22,19 +28,19 @@ from loosespec.methods import METHODS, may_use_draft_model
 log = logging.getLogger(__name__)
 
 
-def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
-    if prompt is not None and prompt_file is not None:
+def _read_prompts(prompts: Optional[List[str]], prompt_file: Optional[Path]) -> list[str]:
+    if prompts and prompt_file is not None:
         raise LoosespecError("give the prompt as an argument or with --prompt-file, not both")
     if prompt_file is not None:
         try:
-            return prompt_file.read_text(encoding="utf-8")
+            return [prompt_file.read_text(encoding="utf-8")]
         except (OSError, UnicodeDecodeError) as e:
             raise LoosespecError(f"cannot read prompt file {prompt_file}: {getattr(e, 'strerror', None) or e}") from e
-    if prompt is None:
+    if not prompts:
         raise LoosespecError("no prompt: pass PROMPT, '-' to read standard input, or --prompt-file PATH")
-    if prompt == "-":
-        return sys.stdin.read()
-    return prompt
+    if prompts.count("-") > 1:
+        raise LoosespecError("'-' (standard input) may be given once")
+    return [sys.stdin.read() if p == "-" else p for p in prompts]
 
 
 def _summary(label: str, s: dict) -> str:
@@ -65,17 +71,29 @@ def _summary(label: str, s: dict) -> str:
 @knob_options()
 @load_options()
 def generate(
-    prompt: Optional[str] = typer.Argument(None, help="Prompt text, or '-' to read standard input."),
+    ctx: typer.Context,
+    prompts: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="[PROMPT]...",
+        help="Prompt text, or '-' to read standard input; several prompts run one after another.",
+    ),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
     load: LoadConfig = None,  # --target, --draft, --dtype, ... (loosespec.loading)
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, without the chat template."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, stats, config)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (text, token_ids, stats, config) per prompt, one per line."
+    ),
     compare_ar: bool = typer.Option(
         False, "--compare-ar", help="Also run plain autoregressive decoding on the same prompt and report the speedup."
     ),
+    speculative_config: Optional[str] = speculative_config_option(),
     **knobs,
 ):
     """Generate a completion, streaming it to the terminal (or as one JSON object with --json).
+
+    Several prompts run one after another, each completion under a line '==> prompt 2/3 <=='.
+    The method, unless --method names one, is exact when greedy and rejection with --temperature
+    above 0; the drafter, unless --drafter names one, mla with a draft model, ngram without.
 
     Methods ar, exact and rejection are lossless. fly and specguard are LOSSY: fly accepts some
     draft tokens the target would not have chosen, specguard whole draft steps; their output
@@ -83,23 +101,42 @@ def generate(
     """
     from loosespec.decode.engine import Engine
 
-    text = _read_prompt(prompt, prompt_file)
+    texts = _read_prompts(prompts, prompt_file)
     draft_spec = load.draft_model
     kw = knob_values(knobs)
-    method, drafter = kw.pop("method"), kw.pop("drafter", None)
-    if not may_use_draft_model(method, drafter):
+    if speculative_config is not None:  # vLLM's spelling (loosespec.speculative_config)
+        kw, load = apply_speculative_config(ctx, speculative_config, kw, load)
+        draft_spec = load.draft_model
+    cfg = DecodeConfig(**kw)  # no --method: exact when greedy, rejection when sampling
+    if not may_use_draft_model(cfg.method, cfg.drafter):
         draft_spec = None  # no draft model is used: loading one would only cost time and memory
-    cfg = DecodeConfig.create(
-        method, drafter, kw.pop("num_draft_tokens", None), has_draft_model=draft_spec is not None, **kw
-    )
+    cfg = cfg.resolved(has_draft_model=draft_spec is not None)  # no --drafter: the default for the models loaded
     if draft_spec is None and drafter_needs_draft_model(cfg.drafter):  # fail before loading anything
         raise LoosespecError(f"drafter '{cfg.drafter}' needs a draft model (--draft), but none is loaded")
     engine = Engine.load_from(
         load.replace(draft=draft_spec), progress=not json_out, torch_draft=METHODS[cfg.method].torch_draft
     )
     if compare_ar:  # warm-up, not timed: first forwards pay one-off kernel and allocator set-up
-        engine.generate(text, dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
-    label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
+        engine.generate(texts[0], dataclasses.replace(cfg, max_new_tokens=4), raw=raw)
+    if not json_out:
+        if engine.target.precision is not None:
+            p = engine.target.precision
+            log.info(f"precision: {p.name} ({p.reason})")
+        d = engine.draft.precision if engine.draft is not None else None
+        if d is not None and d != engine.target.precision:
+            log.info(f"draft precision: {d.name} ({d.reason})")
+    for i, text in enumerate(texts):
+        if len(texts) > 1 and not json_out:
+            sys.stdout.write(("\n" if i else "") + f"==> prompt {i + 1}/{len(texts)} <==\n")
+        out = _complete(engine, text, cfg, raw, json_out, compare_ar)
+        if json_out:
+            print(json.dumps(out))
+
+
+def _complete(engine, text: str, cfg: DecodeConfig, raw: bool, json_out: bool, compare_ar: bool) -> dict:
+    """One prompt's completion, streamed to stdout (unless ``json_out``), its statistics logged (and ar's, with
+    ``compare_ar``); returns its --json object."""
+    label = cfg.method if cfg.drafter is None else f"{cfg.method}-{cfg.drafter}"
     if cfg.lossy:
         label += ", LOSSY"
     gen = engine.stream(text, cfg, raw=raw)
@@ -111,12 +148,6 @@ def generate(
     out = result.to_dict()
     if not json_out:
         sys.stdout.write("\n")
-        if engine.target.precision is not None:
-            p = engine.target.precision
-            log.info(f"precision: {p.name} ({p.reason})")
-        d = engine.draft.precision if engine.draft is not None else None
-        if d is not None and d != engine.target.precision:
-            log.info(f"draft precision: {d.name} ({d.reason})")
         log.info(_summary(label, out["stats"]))
     if compare_ar:
         ar = engine.generate(text, dataclasses.replace(cfg, method="ar", drafter=None), raw=raw)
@@ -143,5 +174,4 @@ def generate(
                     "equal to ar"
                 )
                 log.info(f"first difference at new token {at}: {why}")
-    if json_out:
-        print(json.dumps(out))
+    return out

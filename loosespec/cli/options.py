@@ -24,8 +24,8 @@ ALLOW_CODE_HELP = (
 )
 SANDBOX_HELP = (
     "auto | full | net | none: the sandbox that model-written code runs in (also: LOOSESPEC_SANDBOX). "
-    "auto: the best this machine gives, and never none (no isolation), which must be named; see the "
-    "README's 'Evaluation' section for what each mode protects."
+    "auto: the best this machine gives, and never none (no isolation), which must be named; see "
+    "docs/bench.md, 'Evaluation', for what each mode protects."
 )
 DATA_DIR_HELP = (
     "Folder with evaluation set .jsonl files to use instead of the copies shipped with loosespec "
@@ -99,7 +99,7 @@ def knob_options(*names: str, exclude: tuple[str, ...] = (), defaults: Optional[
 
 def knob_values(knobs: dict) -> dict:
     """Option values -> DecodeConfig keywords: escapes interpreted, stop strings as a tuple, unset auto knobs
-    left out (DecodeConfig.create fills them)."""
+    left out (DecodeConfig fills them: the method from the temperature, the drafter from the models loaded)."""
     out = {}
     for name, value in knobs.items():
         k = knob_info(name)
@@ -168,6 +168,36 @@ def load_options(
         return command
 
     return deco
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's spelling: --speculative-config JSON (loosespec.speculative_config)
+# ---------------------------------------------------------------------------------------------
+
+
+def speculative_config_option():
+    """``--speculative-config JSON``: vLLM's option, with the keys loosespec has (:mod:`loosespec.speculative_config`)."""
+    from loosespec.speculative_config import HELP
+
+    return typer.Option(None, "--speculative-config", metavar="JSON", help=HELP)
+
+
+def given_options(ctx: typer.Context, names) -> set[str]:
+    """Which of these options the user gave (command line or environment), not left at their defaults. ``ctx``:
+    the command's context (a ``typer.Context`` parameter; typer passes it)."""
+    sources = {n: ctx.get_parameter_source(n) for n in names}
+    return {n for n, src in sources.items() if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")}
+
+
+def apply_speculative_config(ctx: typer.Context, text: str, knobs: dict, load: LoadConfig) -> tuple[dict, LoadConfig]:
+    """``--speculative-config`` merged into the knob options (:func:`knob_values`' keywords) and the loading options
+    (its ``model`` is ``--draft``): an option the user also gave with another value is an error naming both."""
+    from loosespec.speculative_config import from_vllm, merge, merge_draft
+
+    spec = from_vllm(text)
+    knobs = merge(spec, knobs, given_options(ctx, KNOBS) & set(knobs))
+    draft = merge_draft(spec, load.draft, bool(given_options(ctx, ["draft"])))
+    return knobs, (load if draft == load.draft else load.replace(draft=draft))
 
 
 # ---------------------------------------------------------------------------------------------

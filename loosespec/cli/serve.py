@@ -7,7 +7,13 @@ from typing import List, Optional
 
 import typer
 
-from loosespec.cli.options import knob_options, knob_values, load_options
+from loosespec.cli.options import (
+    apply_speculative_config,
+    knob_options,
+    knob_values,
+    load_options,
+    speculative_config_option,
+)
 from loosespec.cli.root import app
 from loosespec.config import VLLM_KNOBS, DecodeConfig
 from loosespec.errors import LoosespecError
@@ -21,6 +27,7 @@ log = logging.getLogger(__name__)
 @knob_options(exclude=("max_new_tokens", "stop"))  # requests send max_tokens and stop (OpenAI's fields)
 @load_options(exclude=CACHE_OPTIONS)
 def serve(
+    ctx: typer.Context,
     load: LoadConfig = None,  # --target, --draft, --revision, ..., --device (loosespec.loading)
     host: str = typer.Option(
         "127.0.0.1",
@@ -71,6 +78,7 @@ def serve(
     vllm_bin: str = typer.Option(
         None, help="--engine vllm: the vllm executable (default: .venv-vllm/bin/vllm or $LOOSESPEC_VLLM_BIN)."
     ),
+    speculative_config: Optional[str] = speculative_config_option(),
     **knobs,
 ):
     """Serve the models over an OpenAI-compatible HTTP API (needs pip install 'loosespec[server]').
@@ -78,7 +86,8 @@ def serve(
     Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true for
     server-sent events), GET /health, GET /metrics (Prometheus). The decoding options are
     defaults; each request may choose its own method, drafter, num_draft_tokens, seed and fly_* /
-    sg_* parameters (same names as here, e.g. openai's extra_body={"method": "fly"}). Methods ar,
+    sg_* parameters (same names as here, e.g. openai's extra_body={"method": "fly"}), or vLLM's
+    speculative_config object (the keys --speculative-config takes; its model must be --draft). Methods ar,
     exact and rejection are lossless. fly and specguard are LOSSY: their output differs from the
     target's own, and their responses say "lossy": true in metrics.
 
@@ -122,7 +131,10 @@ def serve(
     target = load.target
     draft_spec = load.draft_model
     defaults = knob_values(knobs)
-    method = defaults["method"]
+    if speculative_config is not None:  # vLLM's spelling (loosespec.speculative_config): the defaults and --draft
+        defaults, load = apply_speculative_config(ctx, speculative_config, defaults, load)
+        draft_spec = load.draft_model
+    method = defaults.get("method")  # None: per request, exact when greedy, rejection when sampling
     if engine_name == "vllm":
         if load.revision or load.draft_revision:
             raise LoosespecError(
@@ -165,7 +177,8 @@ def serve(
         stall_timeout_s=stall_timeout,
         shutdown_timeout_s=shutdown_timeout,
     )
-    label = method if cfg.drafter is None else f"{method}-{cfg.drafter}"
+    label = cfg.method if cfg.drafter is None else f"{cfg.method}-{cfg.drafter}"
+    label += "" if method else "; a request naming no method: exact when greedy, rejection when sampling"
     log.info(
         f"loosespec: serving {name} (draft: {draft_spec or 'none'}; default method {label}"
         f"{', LOSSY' if cfg.lossy else ''}) on http://{host}:{port}/v1"

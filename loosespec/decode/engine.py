@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -206,8 +206,10 @@ class Engine:
     """Target (and optional draft) model, loaded once, serving any method and drafter.
 
     >>> eng = Engine.load("smollm2-135m-instruct", draft=None, dtype="float32")
-    >>> cfg = DecodeConfig.create("exact", max_new_tokens=32)
-    >>> print(eng.generate("Write a haiku about caches.", cfg).text)
+    >>> print(eng.generate("Write a haiku about caches.", DecodeConfig(max_new_tokens=32)).text)
+
+    A config's unset drafter (and its K) is filled from what was loaded (:meth:`DecodeConfig.resolved`): the
+    method's default drafter with a draft model (mla), else ngram.
     """
 
     def __init__(
@@ -353,6 +355,7 @@ class Engine:
 
         For a step-level method (``specguard``) these are the token-level drafter and rule of the target's steps.
         """
+        cfg = cfg.resolved(self.draft_lm is not None)
         method = METHODS[cfg.method]
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         if method.step_level and self.cache_implementation != "dynamic":
@@ -531,6 +534,7 @@ class Engine:
         }
 
     def stream(self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False) -> Generation:
+        cfg = cfg.resolved(self.draft_lm is not None)  # the drafter and K, where unset, for the models loaded
         if isinstance(prompt, torch.Tensor) or hasattr(prompt, "keys") and "input_ids" in prompt:
             ids = prompt_tensor(prompt)  # on any device, [P] or [1, P]
         else:
@@ -540,6 +544,14 @@ class Engine:
         return Generation(self, ids, cfg, self.config_dict(cfg, raw))
 
     def generate(
-        self, prompt: str | Sequence[dict] | torch.Tensor, cfg: DecodeConfig, raw: bool = False
-    ) -> GenerationResult:
+        self, prompt: str | Sequence[dict] | torch.Tensor | list, cfg: DecodeConfig | None = None, raw: bool = False
+    ) -> GenerationResult | list[GenerationResult]:
+        """``prompt``'s completion under ``cfg`` (None: ``DecodeConfig()``). A list of prompts (strings, chats'
+        message lists, token id tensors) gives a list of results, in order: the prompts run one after another,
+        not as a batch, each as it would alone (a run's seed is the config's, not advanced between prompts)."""
+        cfg = DecodeConfig() if cfg is None else cfg
+        if isinstance(prompt, (list, tuple)) and not any(
+            isinstance(p, Mapping) and "input_ids" not in p for p in prompt
+        ):
+            return [self.stream(p, cfg, raw).result() for p in prompt]  # not one chat's messages: several prompts
         return self.stream(prompt, cfg, raw).result()

@@ -54,8 +54,8 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
-from loosespec.config import KNOBS, DecodeConfig
-from loosespec.drafters import drafter_needs_draft_model
+from loosespec.config import KNOBS, ConfigError, DecodeConfig, validate_knob
+from loosespec.drafters import default_drafter, drafter_needs_draft_model
 from loosespec.errors import LoosespecError
 from loosespec.methods import METHODS
 
@@ -102,7 +102,6 @@ _OFF: dict[str, tuple] = {
     "output_attentions": (None, False),
     "output_hidden_states": (None, False),
     "token_healing": (None, False),
-    "prompt_lookup_num_tokens": (None,),
     "assistant_early_exit": (None,),
     "use_mtp": (None, False),
 }
@@ -116,9 +115,19 @@ _WHY = {
     "output_attentions": "loosespec returns sequences and statistics, not attentions",
     "output_hidden_states": "loosespec returns sequences and statistics, not hidden states",
     "stop_strings": "end the generation with eos_token_id instead",
-    "prompt_lookup_num_tokens": "that is transformers' own prompt lookup; loosespec's is drafter='ngram' "
-    "(num_draft_tokens=, prompt_lookup_max=)",
     "assistant_early_exit": "loosespec drafts with assistant_model or n-gram lookup",
+}
+# transformers' speculative decoding fields, when the caller set them (not transformers' defaults): the loosespec knob
+# each is, and whether it drafts with the assistant_model (True), by prompt lookup (False) or either (None)
+_ASSISTED_FIELDS: dict[str, tuple[str, bool | None]] = {
+    "prompt_lookup_num_tokens": ("num_draft_tokens", False),
+    "num_assistant_tokens": ("num_draft_tokens", True),
+    "max_matching_ngram_size": ("prompt_lookup_max", None),
+}
+# ... and those with no loosespec equivalent, refused when set
+_ASSISTED_REFUSED = {
+    "assistant_confidence_threshold": "transformers adapts it as the assistant drafts; loosespec's draft model stops "
+    "below a fixed top probability, draft_confidence_threshold= (drafter='model')",
 }
 # what transformers' own preparation adds to the lists it passes, for what loosespec does honour
 _HONOURED_PROCESSORS = (
@@ -245,6 +254,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
             f"max_length={generation_config.max_length} leaves no room after the "
             f"{input_ids.shape[1]}-token prompt; set max_new_tokens"
         )
+    _assisted_fields(model, generation_config, knobs, assistant is not None)
     cfg = _decode_config(model, generation_config, knobs, assistant is not None, max_new)
     engine = _engine(model, assistant, cfg, generation_config)
     gen = engine.stream(prompt, cfg)
@@ -321,6 +331,53 @@ def _check_arguments(model, input_ids, gc, logits_processor, stopping_criteria, 
             raise GenerateArgumentError(
                 f"{name}: loosespec's custom_generate decodes from input_ids alone and cannot pass {name} to the model"
             )
+
+
+def _transformers_default(name: str):
+    """transformers' default for a GenerationConfig field: what ``generate`` fills in when nobody set it."""
+    from transformers import GenerationConfig
+
+    fill = getattr(GenerationConfig, "_get_default_generation_params", None)  # transformers 5: None until generate
+    default = getattr(GenerationConfig(), name, None)
+    return fill().get(name, default) if fill is not None and default is None else default
+
+
+def _assisted_fields(model, gc, knobs: dict, has_draft: bool) -> None:
+    """transformers' speculative decoding fields the caller set, as loosespec's knobs (into ``knobs``): refused by
+    name where loosespec has no equivalent, the other drafter is asked for, or a knob passed under loosespec's name
+    says otherwise."""
+    for name, why in _ASSISTED_REFUSED.items():
+        value = getattr(gc, name, None)
+        if value is not None and value != _transformers_default(name):
+            raise GenerateArgumentError(
+                f"{name}={value!r}{_origin(model, name, value)} is not supported by loosespec's custom_generate "
+                f"({why}); leave it at {_transformers_default(name)!r}"
+            )
+    how = {True: "with the assistant_model", False: "by n-gram prompt lookup"}
+    set_by: dict[str, str] = {}  # knob -> the field that set it
+    drafter_by = None  # the field that chose the drafter
+    for name, (knob, assisted) in _ASSISTED_FIELDS.items():
+        value = getattr(gc, name, None)
+        if value is None or value == _transformers_default(name):
+            continue
+        where = f"{name}={value!r}{_origin(model, name, value)}"
+        if assisted and not has_draft:
+            raise GenerateArgumentError(f"{where} drafts with assistant_model: pass assistant_model=<a smaller model>")
+        if assisted is not None:
+            drafter = knobs.get("drafter")
+            if drafter is None and drafter_needs_draft_model(default_drafter(has_draft)) != assisted:
+                drafter = knobs["drafter"] = default_drafter(assisted)
+                drafter_by = where
+            if drafter is not None and drafter_needs_draft_model(drafter) != assisted:
+                other = drafter_by or f"drafter={drafter!r}"
+                raise GenerateArgumentError(f"{where} drafts {how[assisted]}, {other} {how[not assisted]}: give one")
+        try:
+            value = validate_knob(knob, value)
+        except ConfigError as e:
+            raise GenerateArgumentError(f"{where}: as loosespec's {e.render('field')}") from None
+        if knobs.get(knob, value) != value:
+            raise GenerateArgumentError(f"{where} and {set_by.get(knob, knob)}={knobs[knob]!r}: give one")
+        knobs[knob], set_by[knob] = value, name
 
 
 def _origin(model, name: str, value) -> str:

@@ -24,6 +24,7 @@ from loosespec.serve.protocol import (
     ServerSettings,
     SpecFields,
 )
+from loosespec.speculative_config import from_vllm, merge
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +123,41 @@ class Frontend:
         if req.model_extra:
             log.debug("ignoring unknown request fields: %s", ", ".join(req.model_extra))
 
+    def request_knobs(self, req: CommonFields) -> dict:
+        """The knobs the request sets: its fields, and its speculative_config's (vLLM's spelling, a bad key or a
+        value its own fields contradict answered 400 naming the key; its model must be the server's draft)."""
+        own = {k: getattr(req, k) for k in _SPEC_FIELDS if getattr(req, k) is not None}
+        if req.speculative_config is None:
+            return own
+        try:
+            spec = from_vllm(req.speculative_config)
+            own = merge(spec, own)
+        except ConfigError as e:
+            raise ApiError(400, e.render("field"), param=e.field) from None
+        draft = self.engine.draft
+        if spec.draft is not None and (draft is None or spec.draft not in (draft.name, draft.source.path)):
+            loaded = "has no draft model" if draft is None else f"drafts with {draft.name!r}"
+            raise ApiError(
+                400,
+                f"speculative_config model {spec.draft!r}: this server {loaded} (--draft) and a request cannot load "
+                "one; leave model out",
+                param="speculative_config.model",
+            )
+        return own
+
     def decode_config(self, req: CommonFields, max_new_tokens: int) -> DecodeConfig:
         d = self.settings.defaults
-        method = req.method if req.method is not None else d.get("method", "exact")
+        own = self.request_knobs(req)
+        # None (neither names one): exact when greedy, rejection when sampling, by the request's temperature
+        method = own.get("method", d.get("method"))
         kw: dict = {}
         # server defaults, then the request's fields; the server's drafter and K only go with its method
-        same_method = method == d.get("method", "exact")
+        same_method = method == d.get("method")
         for k, v in d.items():
             if k in ("method",) or (k in ("drafter", "num_draft_tokens") and not same_method):
                 continue
             kw[k] = v
-        for k in _SPEC_FIELDS:
-            v = getattr(req, k)
-            if v is not None:
-                kw[k] = v
+        kw.update(own)
         kw.pop("method", None)
         if kw.get("drafter") == "none":
             kw["drafter"] = None

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from loosespec.config import KNOBS, knob_help, knob_info, knob_type
+from loosespec.speculative_config import HELP as SPECULATIVE_HELP
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this gets 413
 MAX_STOP_STRINGS = 16  # stop strings per request (OpenAI allows 4, vLLM any number)
@@ -170,6 +171,8 @@ class CommonFields(SpecFields):
     tools: Optional[list] = None
     tool_choice: Optional[Any] = None
     response_format: Optional[dict] = None
+    # vLLM's speculative_config, with the keys loosespec has (loosespec.speculative_config): the request's knobs
+    speculative_config: Optional[dict[str, Any]] = Field(None, description=SPECULATIVE_HELP)
 
 
 class TextPart(_Base):

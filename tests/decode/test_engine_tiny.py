@@ -264,3 +264,32 @@ def test_non_finite_draft_logits_are_a_clear_error(tiny_engine, temperature):
         )
         with pytest.raises(NonFiniteLogits, match="draft model"):
             mla.propose(ids, 4)
+
+
+def test_the_engine_fills_the_drafter_and_k_from_what_it_loaded(tiny_engine):
+    """DecodeConfig(method="fly") names no drafter: the engine picks the method's default for its models."""
+    from loosespec.config import DEFAULT_FLY_PRESET, DEFAULT_NUM_DRAFT_TOKENS, FLY_PRESETS
+    from loosespec.decode.engine import Engine
+
+    r = tiny_engine.generate(
+        PROMPT, DecodeConfig(method="fly", max_new_tokens=8, adaptive_draft_length=False), raw=True
+    )
+    fly_k = FLY_PRESETS[DEFAULT_FLY_PRESET]["num_draft_tokens"]
+    assert (r.config["drafter"], r.config["num_draft_tokens"]) == ("mla", fly_k) and r.stats.draft_forwards > 0
+    alone = Engine(tiny_engine.target)  # no draft model: prompt lookup
+    r = alone.generate(PROMPT, DecodeConfig(max_new_tokens=8, adaptive_draft_length=False), raw=True)
+    c = r.config
+    assert (c["method"], c["drafter"], c["num_draft_tokens"]) == ("exact", "ngram", DEFAULT_NUM_DRAFT_TOKENS["ngram"])
+    sampled = alone.generate(
+        PROMPT, DecodeConfig(temperature=0.7, max_new_tokens=8, adaptive_draft_length=False), raw=True
+    )
+    assert sampled.config["method"] == "rejection" and sampled.token_ids
+
+
+def test_generate_takes_a_list_of_prompts(tiny_engine):
+    cfg = DecodeConfig.create("exact", "ngram", max_new_tokens=12, adaptive_draft_length=False)
+    prompts = [PROMPT, "def div(a, b):\n"]
+    results = tiny_engine.generate(prompts, cfg, raw=True)
+    assert isinstance(results, list) and len(results) == 2
+    assert [r.token_ids for r in results] == [tiny_engine.generate(p, cfg, raw=True).token_ids for p in prompts]
+    assert tiny_engine.generate([], cfg) == []

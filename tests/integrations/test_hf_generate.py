@@ -251,7 +251,11 @@ def test_sampling_honours_the_seed_and_torch_manual_seed_tiny(tiny):
         (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size=3"),
         (dict(output_scores=True, return_dict_in_generate=True), "output_scores=True"),
         (dict(stop_strings=["\n"]), "stop.strings"),  # transformers refuses it first without a tokenizer
-        (dict(prompt_lookup_num_tokens=10), "prompt_lookup_num_tokens=10"),
+        (dict(assistant_confidence_threshold=0.2), "assistant_confidence_threshold=0.2 is not supported.*0.4"),
+        (dict(num_assistant_tokens=5), "num_assistant_tokens=5 drafts with assistant_model: pass assistant_model="),
+        (dict(prompt_lookup_num_tokens=10, num_draft_tokens=6), "prompt_lookup_num_tokens=10 and num_draft_tokens=6"),
+        (dict(prompt_lookup_num_tokens=10, drafter="mla"), "prompt_lookup_num_tokens=10 drafts by n-gram .*'mla'"),
+        (dict(max_matching_ngram_size=100), "max_matching_ngram_size=100: as loosespec's prompt_lookup_max must be"),
         (dict(method="fly", fly_window_size=-1), "fly_window_size must be >= 0, got -1"),
         (dict(method="fly", fly_window_size=15), "need fly_window_size < num_draft_tokens"),
         (dict(method="fly", fly_entropy_threshold=0.005), "fly_entropy_threshold"),
@@ -277,6 +281,30 @@ def test_bad_arguments_fail_before_decoding_with_one_line(tiny, kw, needle):
     assert re.search(needle, msg) and "\n" not in msg, msg
     files = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
     assert not any("/loosespec/decode/" in f or "/loosespec/verify/" in f for f in files), files
+
+
+def test_transformers_assisted_fields_set_the_knobs_tiny(tiny):
+    """transformers' names for the draft length and the lookup's n-gram size set loosespec's knobs (and the drafter
+    they draft with); left at transformers' defaults they change nothing."""
+    model, draft, _, inputs = tiny
+
+    def config(**kw):
+        kw = {"max_new_tokens": 12, "return_dict_in_generate": True, **FIXED, **kw}
+        return model.generate(**inputs, custom_generate=loosespec_generate, **kw).decode_config
+
+    c = config(prompt_lookup_num_tokens=4, max_matching_ngram_size=2)
+    assert (c["drafter"], c["num_draft_tokens"], c["prompt_lookup_max"]) == ("ngram", 4, 2)
+    c = config(assistant_model=draft, prompt_lookup_num_tokens=4)  # prompt lookup, as transformers, with an assistant
+    assert (c["drafter"], c["num_draft_tokens"]) == ("ngram", 4)
+    c = config(assistant_model=draft, num_assistant_tokens=6)
+    assert (c["drafter"], c["num_draft_tokens"]) == ("mla", 6)
+    c = config(assistant_model=draft, num_assistant_tokens=6, drafter="model", num_draft_tokens=6)
+    assert (c["drafter"], c["num_draft_tokens"]) == ("model", 6)
+    default = config(assistant_model=draft)
+    same = config(assistant_model=draft, num_assistant_tokens=20, assistant_confidence_threshold=0.4)
+    assert same == default  # transformers' defaults: not the caller's choice
+    with pytest.raises(GenerateArgumentError, match="num_assistant_tokens=6 drafts with the assistant_model, "):
+        config(assistant_model=draft, prompt_lookup_num_tokens=4, num_assistant_tokens=6)
 
 
 def test_user_logits_processor_refused_by_name(tiny):
@@ -343,7 +371,12 @@ def test_hub_layout_files(hub_dir):
     assert "custom_generate" in readme.split("---")[1]  # the Hub's tag for custom generation methods
     assert "**`fly` and `specguard` are LOSSY**" in readme and "pip install" in readme
     assert "fly_window_size" in readme and "LOSSY" in (hub_dir / "custom_generate/generate.py").read_text()
-    assert re.fullmatch(r"loosespec>=[\d.]+\n", (hub_dir / "custom_generate/requirements.txt").read_text())
+    from loosespec import __version__
+
+    # no index serves loosespec: the requirement is this version exactly, the comments say to build its wheel
+    requirements = (hub_dir / "custom_generate/requirements.txt").read_text()
+    assert requirements.endswith(f"\nloosespec=={__version__}\n") and "make dist" in requirements
+    assert "make dist" in readme and "pip install loosespec " not in readme
 
 
 @pytest.mark.parametrize("method", ["exact", "fly"])

@@ -174,3 +174,13 @@ def test_plugin_without_fly_asked_for_says_nothing(stand_in_vllm, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="loosespec.integrations.vllm"):
         plugin.register()
     assert stand_in_vllm.rejection_sample() == "vllm's own" and not caplog.records
+
+
+def test_native_fly_config_reads_back_through_the_one_table():
+    """What native_fly_config asks of vLLM is what vLLM's spelling reads back as (loosespec.speculative_config)."""
+    from loosespec.speculative_config import from_vllm
+
+    values = {"fly_window_size": 4, "fly_entropy_threshold": 0.6, "fly_entropy_top_k": 2}
+    cfg = N.native_fly_config({**values, "fly_boundary": "window", "fly_sampling": "rejection"}, 8)
+    assert from_vllm({**cfg, "num_speculative_tokens": 8}).knobs == {"method": "fly", "num_draft_tokens": 8, **values}
+    assert from_vllm(N.native_fly_config({}, 8)).knobs == {"method": "fly"}

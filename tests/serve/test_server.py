@@ -514,7 +514,17 @@ def test_specguard_and_fly_on_the_tiny_pair(tiny):
         metric(tiny, "loosespec:spec_decode_num_accepted_tokens_per_pos_total", method="fly", position="0")
         == fly["num_accepted_tokens_per_pos"][0]
     )
-    names = {f.name for f in text_string_to_metric_families(httpx.get(tiny.url + "/metrics").text)}
+    families = list(text_string_to_metric_families(httpx.get(tiny.url + "/metrics").text))
+    # vLLM's model_name label, the served model name, on every sample of every loosespec metric
+    unnamed = [
+        s.name
+        for f in families
+        if f.name.startswith("loosespec:")
+        for s in f.samples
+        if s.labels.get("model_name") != "tiny"
+    ]
+    assert not unnamed, unnamed
+    names = {f.name for f in families}
     for name in (
         "loosespec:http_requests",
         "loosespec:generation_tokens",
@@ -1315,3 +1325,55 @@ def test_serve_command_end_to_end(tiny_dir):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_request_takes_vllms_speculative_config(tiny):
+    """speculative_config in a request: vLLM's keys as the request's knobs; a bad one is a 400 naming the key."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def post(**body):
+        body = {"model": "tiny", "prompt": "abcabcabc", "max_tokens": 8, "adaptive_draft_length": False, **body}
+        return httpx.post(tiny.url + "/v1/completions", headers=auth, json=body, timeout=60)
+
+    r = post(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": "fly"})
+    assert r.status_code == 200, r.text
+    spec = r.json()["metrics"]["speculative_decoding"]
+    assert (spec["method"], spec["drafter"], spec["lossy"]) == ("fly", "ngram", True)
+    assert spec["num_draft_tokens"] <= 3 * spec["num_drafts"]  # K = 3
+    draft = tiny.engine.draft.name  # the server's own draft model may be named
+    r = post(speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 2})
+    assert r.status_code == 200, r.text
+    spec = r.json()["metrics"]["speculative_decoding"]
+    assert spec["drafter"] == "model" and spec["draft_forwards"] >= 1
+    assert spec["num_draft_tokens"] <= 2 * spec["num_drafts"]
+    for body, param, words in (
+        ({"speculative_config": {"method": "eagle"}}, "speculative_config.method", "'eagle'"),
+        ({"speculative_config": {"num_lookahead_slots": 1}}, "speculative_config.num_lookahead_slots", "accepts"),
+        (
+            {"speculative_config": {"num_speculative_tokens": 0}},
+            "speculative_config.num_speculative_tokens",
+            "num_speculative_tokens must be >= 1",
+        ),
+        (
+            {"num_draft_tokens": 4, "speculative_config": {"num_speculative_tokens": 5}},
+            "speculative_config.num_speculative_tokens",
+            "num_speculative_tokens is 5 but num_draft_tokens is 4",
+        ),
+        ({"speculative_config": {"model": "another/draft"}}, "speculative_config.model", "'another/draft'"),
+        ({"speculative_config": "ngram"}, "speculative_config", "dict"),
+    ):
+        err = assert_openai_error(post(**body), 400)
+        assert err["param"] == param and words in err["message"], (body, err)
+
+
+def test_serve_takes_speculative_config():
+    from conftest import run_cli
+
+    p = run_cli("serve", "--help")
+    flat = " ".join(p.stdout.split())
+    assert "--speculative-config" in flat and "vLLM's speculative_config" in flat  # rich may clip the rest
+    p = run_cli("serve", "--speculative-config", '{"method": "mtp"}')  # refused before any model is loaded
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "--speculative-config method 'mtp'" in p.stderr, p.stderr
+    p = run_cli("serve", "--num-draft-tokens", "4", "--speculative-config", '{"num_speculative_tokens": 6}')
+    assert p.returncode == 2 and "--num-draft-tokens is 4" in p.stderr, p.stderr

@@ -181,15 +181,18 @@ def fly_record(method: str, s: VllmSettings) -> dict:
 
 
 def speculative_config(method: str, s: VllmSettings) -> dict | None:
+    from loosespec.speculative_config import to_vllm
+
     if served(method)[1] is None:  # no speculation
         return None
     k = speculative_tokens(method, s)
+    # loosespec's knobs in vLLM's keys, through the one table (loosespec.speculative_config)
     if not needs_draft(method):
-        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        spec = to_vllm({"drafter": "ngram", "num_draft_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
     elif not s.draft:
         raise LoosespecError(f"method '{method}' needs a draft model (--draft)")
     else:
-        spec = {"method": "draft_model", "model": s.draft, "num_speculative_tokens": k}
+        spec = to_vllm({"drafter": "model", "num_draft_tokens": k}, draft=s.draft)
     route = fly_route(method, s)
     if route is not None and route.path == "native":  # vLLM's own FLy: same knob names, same window meaning
         from loosespec.integrations.vllm.native import native_fly_config

@@ -37,6 +37,7 @@ from pathlib import Path
 
 # the SpeculativeConfig fields of vLLM's native FLy (vllm/config/speculative.py since vLLM 0.33.0)
 NATIVE_FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+NATIVE_FLY_METHOD = "fly"  # the loosespec method vLLM's rejection_sample_method "fly" is
 FLY_PATH_ENV = "LOOSESPEC_VLLM_FLY_PATH"
 FLY_PATHS = ("auto", "native", "plugin")
 PROBE_MARK = "LOOSESPEC_VLLM_PROBE "
@@ -255,7 +256,6 @@ def native_fly_config(values: Mapping[str, object], num_speculative_tokens: int)
         )
     if k < 2:
         raise ValueError(f"vLLM's native FLy needs num_speculative_tokens >= 2, got {k}")
-    cfg: dict = {"rejection_sample_method": "fly"}
     w = values.get("fly_window_size")
     if w is not None:
         if int(w) < 1:
@@ -265,14 +265,11 @@ def native_fly_config(values: Mapping[str, object], num_speculative_tokens: int)
             )
         if int(w) >= k:
             raise ValueError(f"fly_window_size ({w}) must be smaller than num_speculative_tokens ({k})")
-        cfg["fly_window_size"] = int(w)
-    theta = values.get("fly_entropy_threshold")
-    if theta is not None:
-        cfg["fly_entropy_threshold"] = float(theta)
-    top_k = values.get("fly_entropy_top_k")
-    if top_k is not None:
-        cfg["fly_entropy_top_k"] = int(top_k)
-    return cfg
+    # the one table between loosespec's knobs and vLLM's keys (loosespec.speculative_config); FLy's knobs there
+    from loosespec.speculative_config import VLLM_KEYS, to_vllm
+
+    fly = {VLLM_KEYS[f]: values.get(VLLM_KEYS[f]) for f in NATIVE_FLY_FIELDS}
+    return to_vllm({"method": NATIVE_FLY_METHOD, **fly})
 
 
 def native_differences(values: Mapping[str, object]) -> list[str]:
