@@ -8,6 +8,8 @@
 - ``per_position_acceptance[i]`` = rounds that accepted position i / rounds that drafted one;
   the counts behind it are ``num_drafted_per_pos`` and ``num_accepted_tokens_per_pos`` (vLLM's name),
   so rates pool across runs.
+- vLLM's names beside loosespec's (:data:`VLLM_NAMES`): ``num_drafts`` = ``drafts``, ``num_draft_tokens`` =
+  ``drafted_tokens``, ``num_accepted_tokens`` = ``accepted_tokens``, so a reader of vLLM's counters finds them.
 - rule counters (FLy: ``fly_prefix_mismatches``, ``fly_deferred``, ``fly_hard_rejects``,
   ``fly_window_rejects``, ``fly_boundary_rejects``, and ``fly_copy_rejects`` with the copy guard on)
   are summed over rounds.
@@ -37,6 +39,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 STEP = "step"  # the round record of an accepted SpecGuard step
+# vLLM's name -> loosespec's, for the counts both have: vLLM's SpecDecodingStats (vllm/v1/spec_decode/metrics.py,
+# exported as the Prometheus counters vllm:spec_decode_<name>) counts num_drafts (request steps that proposed draft
+# tokens: observe_draft), num_draft_tokens (tokens proposed) and num_accepted_tokens (draft tokens accepted, the
+# bonus token not counted). num_accepted_tokens_per_pos already has vLLM's name.
+VLLM_NAMES = {"num_drafts": "drafts", "num_draft_tokens": "drafted_tokens", "num_accepted_tokens": "accepted_tokens"}
 
 
 @dataclass
@@ -117,6 +124,10 @@ class Stats:
                 self.new_tokens -= n
                 self.round_records[-1] = (drafted, kept, keep, choice)
                 n = 0
+        # a position only the removed rounds drafted is drafted by none now: drop it (a rate over 0 rounds is none)
+        while self.drafted_at and not self.drafted_at[-1]:
+            self.drafted_at.pop()
+        del self.accepted_at[len(self.drafted_at) :]
 
     def record_step(self, record: dict, candidates: int) -> None:
         """A SpecGuard step: ``record`` has grounding, confidence, score, accepted, agrees, tokens."""
@@ -181,6 +192,9 @@ class Stats:
             "draft_forwards": self.draft_forwards,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            # the same counts under vLLM's names (SpecDecodingStats in vllm/v1/spec_decode/metrics.py; per-response
+            # here, per scheduler step there), beside loosespec's: see VLLM_NAMES
+            **{vllm: getattr(self, ours) for vllm, ours in VLLM_NAMES.items()},
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at)],

@@ -404,6 +404,14 @@ def pooled(dirs: Sequence[Path]) -> tuple[list[dict], dict]:
     return rows, {**first, "seed": seeds}
 
 
+def summary_recovery_interval(s: dict) -> tuple[float, float]:
+    """:func:`recovery_interval` of one method's summary entry (``summary.json``'s ``methods[m]``): the paired table
+    rebuilt from its counts (``scored``, ``ar_accuracy``, ``ar_right_method_wrong``, ``ar_wrong_method_right``)."""
+    ar_only, method_only = s["ar_right_method_wrong"], s["ar_wrong_method_right"]
+    both = round(s["ar_accuracy"] * s["scored"]) - ar_only
+    return recovery_interval(both, ar_only, method_only, s["scored"] - both - ar_only - method_only)
+
+
 def retention(out: Path | Sequence[Path]) -> dict[str, dict]:
     """Per lossy method of the results directory ``out``: n, accuracies, paired counts, McNemar's exact p,
     the speedup, the recovery with its 95% interval (:func:`recovery_interval`) and the verdict against
@@ -415,9 +423,7 @@ def retention(out: Path | Sequence[Path]) -> dict[str, dict]:
     for m, s in summary.items():
         if not s["lossy"] or "accuracy" not in s:
             continue
-        ar_only, method_only = s["ar_right_method_wrong"], s["ar_wrong_method_right"]
-        both = round(s["ar_accuracy"] * s["scored"]) - ar_only  # the paired table, from the summary's counts
-        ci = recovery_interval(both, ar_only, method_only, s["scored"] - both - ar_only - method_only)
+        ci = summary_recovery_interval(s)
         if ci[0] >= KEEP:
             verdict = "kept"
         elif ci[1] < KEEP:

@@ -310,6 +310,10 @@ def _run_vllm_method(
                         "rounds": drafts if drafts else len(token_ids),
                         "drafted_tokens": int(delta["draft_tokens"]),
                         "accepted_tokens": int(delta["accepted"]),
+                        # vLLM's own names for them, as a loosespec row's stats has them (Stats.to_dict)
+                        "num_drafts": drafts,
+                        "num_draft_tokens": int(delta["draft_tokens"]),
+                        "num_accepted_tokens": int(delta["accepted"]),
                         "wall_s": round(wall, 4),
                         "vllm_counters": delta,
                     },

@@ -19,7 +19,7 @@ from pathlib import Path
 from loosespec.errors import LoosespecError
 from loosespec.eval.bench_methods import BASELINE, base_name, is_lossy, variant_knobs
 from loosespec.eval.results import CONFIG, RESULTS, SUMMARY, ResultsFile, _derived_writes, read_config, unique_rows
-from loosespec.eval.stats import acceptance_by_position, summarize
+from loosespec.eval.stats import acceptance_counts_by_position, summarize, wilson
 from loosespec.fileio import atomic_write_bytes, atomic_write_text
 
 
@@ -143,31 +143,70 @@ def _save(plt, fig, path: Path) -> Path:
     """The figure written whole (temporary file and rename): a reader never sees half a plot."""
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
+    # "tight": the image takes in the legends placed outside the axes (_legend_outside)
+    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".") or "png", bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return path
 
 
+def _legend_outside(ax) -> None:
+    """The legend right of the axes, outside them: it covers no bar, line or point."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def _ci_err(values: Sequence, intervals: Sequence) -> list[list[float]]:
+    """Error bar lengths [below, above] of each value from its 95% interval ``(lo, hi)`` as summary.json has it;
+    0 where the value or its interval is missing (a single prompt has none)."""
+    below, above = [], []
+    for v, ci in zip(values, intervals):
+        ok = v is not None and ci is not None and None not in ci
+        below.append(max(0.0, v - ci[0]) if ok else 0.0)
+        above.append(max(0.0, ci[1] - v) if ok else 0.0)
+    return [below, above]
+
+
+def _recovery_ci(s: dict) -> tuple[float, float] | None:
+    """The recovery's 95% interval of a method's summary entry (None without the paired counts)."""
+    from loosespec.eval.failures import summary_recovery_interval
+
+    keys = ("scored", "ar_accuracy", "ar_right_method_wrong", "ar_wrong_method_right")
+    if any(s.get(k) is None for k in keys):
+        return None
+    return summary_recovery_interval(s)
+
+
 def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
     """speedup_by_category.png, recovery_vs_speedup.png (scored sets), accepted_lengths.png,
-    acceptance_by_position.png (pooled over prompts: rounds accepting draft position i / rounds drafting it)."""
-    import matplotlib
+    acceptance_by_position.png (pooled over prompts: rounds accepting draft position i / rounds drafting it).
+    Speedups carry their 95% bootstrap interval from the summary (``speedup_ci95``) as error bars; legends sit
+    outside the axes, so none covers data."""
+    from loosespec.extras import import_extra
 
-    matplotlib.use("Agg")
+    import_extra("matplotlib", "the bench plots; --no-plots skips them").use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
     methods = [m for m in summary["methods"] if m != BASELINE]
     cats = list(summary["categories"])
     if methods and cats:
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 3), 4))
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 3) + 2.5, 4))
         width = 0.8 / len(methods)
         for i, m in enumerate(methods):
-            ys = [summary["categories"][c].get(m, {}).get("speedup") for c in cats]
+            per = [summary["categories"][c].get(m, {}) for c in cats]
+            ys = [s.get("speedup") for s in per]
             xs = [j + i * width for j in range(len(cats))]
-            # a method that did not run in a category has no bar (and says so), never a bar of height 0
-            ax.bar(xs, [math.nan if y is None else y for y in ys], width, label=m + (" (lossy)" if is_lossy(m) else ""))
+            # a method that did not run in a category has no bar (and says so), never a bar of height 0; the
+            # error bar is the speedup's 95% bootstrap interval (speedup_ci95)
+            ax.bar(
+                xs,
+                [math.nan if y is None else y for y in ys],
+                width,
+                yerr=_ci_err(ys, [s.get("speedup_ci95") for s in per]),
+                capsize=2,
+                error_kw={"elinewidth": 0.8},
+                label=m + (" (lossy)" if is_lossy(m) else ""),
+            )
             for x, y in zip(xs, ys):
                 if y is None:
                     ax.text(
@@ -183,46 +222,61 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20, ha="right")
         ax.set_ylabel("speedup over ar (wall time)")
-        ax.set_title("Speedup by category")
-        ax.legend(fontsize=7)
+        ax.set_title("Speedup by category (bars: 95% interval)")
+        _legend_outside(ax)
         paths.append(_save(plt, fig, out / "speedup_by_category.png"))
     scored = [m for m in methods if summary["methods"][m].get("recovery") is not None]
     if scored:
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for m in scored:
             s = summary["methods"][m]
-            ax.scatter(s["speedup"], s["recovery"], marker="x" if s["lossy"] else "o")
+            # the bars: the speedup's 95% bootstrap interval, the recovery's from the paired right/wrong table
+            ax.errorbar(
+                [math.nan if s["speedup"] is None else s["speedup"]],
+                [s["recovery"]],
+                xerr=_ci_err([s["speedup"]], [s.get("speedup_ci95")]),
+                yerr=_ci_err([s["recovery"]], [_recovery_ci(s)]),
+                fmt="x" if s["lossy"] else "o",
+                capsize=3,
+                elinewidth=0.8,
+            )
             ax.annotate(m, (s["speedup"], s["recovery"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xlabel("speedup over ar")
         ax.set_ylabel("accuracy recovery (method / ar)")
-        ax.set_title("Accuracy recovery vs speedup (x: lossy)")
+        ax.set_title("Accuracy recovery vs speedup (x: lossy; bars: 95% intervals)", fontsize=10)
         paths.append(_save(plt, fig, out / "recovery_vs_speedup.png"))
     lengths = {m: [x for r in rows if r["method"] == m for x in r["accept_lengths"]] for m in summary["methods"]}
     lengths = {m: v for m, v in lengths.items() if v and m != BASELINE}
     if lengths:
         top = max(max(v) for v in lengths.values())
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(8, 4))
         bins = [x + 0.5 for x in range(0, top + 1)]
         for m, v in lengths.items():
             ax.hist(v, bins=bins, histtype="step", density=True, label=m, lw=1.4)
         ax.set_xlabel("tokens emitted per round (accepted + 1)")
         ax.set_ylabel("share of rounds")
         ax.set_title("Accepted lengths per method")
-        ax.legend(fontsize=7)
+        _legend_outside(ax)
         paths.append(_save(plt, fig, out / "accepted_lengths.png"))
     paths += _plot_sweeps(plt, summary, out)
-    per_pos = acceptance_by_position(rows)
+    per_pos = acceptance_counts_by_position(rows)
     if per_pos:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for m, rates in per_pos.items():
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", ms=3, label=m + (" (lossy)" if is_lossy(m) else ""))
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for m, counts in per_pos.items():
+            xs = range(1, len(counts) + 1)
+            line = ax.plot(
+                xs, [a / d for a, d in counts], marker="o", ms=3, label=m + (" (lossy)" if is_lossy(m) else "")
+            )[0]
+            # the rate's 95% Wilson interval, each round that drafted the position taken as one trial
+            bands = [wilson(a, d) for a, d in counts]
+            ax.fill_between(xs, [b[0] for b in bands], [b[1] for b in bands], color=line.get_color(), alpha=0.15, lw=0)
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance (rounds accepting it / rounds drafting it)")
         ax.set_ylim(0, 1.02)
-        ax.set_title("Acceptance by draft position")
-        ax.legend(fontsize=7)
+        ax.set_title("Acceptance by draft position (bands: 95% interval)")
+        _legend_outside(ax)
         paths.append(_save(plt, fig, out / "acceptance_by_position.png"))
     return paths
 
@@ -254,33 +308,37 @@ def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
     paths = []
     for knob, per_base in sweeps(list(summary["methods"])).items():
         scored = any(summary["methods"][m].get("accuracy") is not None for v in per_base.values() for _, m in v)
-        fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(10 if scored else 5.5, 4), squeeze=False)
+        fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(13 if scored else 7.5, 4), squeeze=False)
         for base, points in per_base.items():
             label = base + (" (lossy)" if is_lossy(base) else "")
             xs = [x for x, _ in points]
             s = [summary["methods"][m] for _, m in points]
             ys = [r.get("speedup") for r in s]
-            ci = [r.get("speedup_ci95") or (y, y) for r, y in zip(s, ys)]
-            err = [
-                [y - lo if y is not None and lo is not None else 0 for y, (lo, _) in zip(ys, ci)],
-                [hi - y if y is not None and hi is not None else 0 for y, (_, hi) in zip(ys, ci)],
-            ]
             axes[0][0].errorbar(
-                xs, [math.nan if y is None else y for y in ys], yerr=err, marker="o", ms=4, capsize=3, label=label
+                xs,
+                [math.nan if y is None else y for y in ys],
+                yerr=_ci_err(ys, [r.get("speedup_ci95") for r in s]),
+                marker="o",
+                ms=4,
+                capsize=3,
+                label=label,
             )
             if scored:
-                axes[0][1].plot(
+                accs = [r.get("accuracy") for r in s]
+                axes[0][1].errorbar(
                     xs,
-                    [math.nan if r.get("accuracy") is None else r["accuracy"] for r in s],
+                    [math.nan if a is None else a for a in accs],
+                    yerr=_ci_err(accs, [r.get("accuracy_ci95") for r in s]),
                     marker="o",
                     ms=4,
+                    capsize=3,
                     label=label,
                 )
         axes[0][0].axhline(1.0, color="black", lw=0.8, ls="--")
         axes[0][0].set_xlabel(knob)
         axes[0][0].set_ylabel("speedup over ar (wall time)")
-        axes[0][0].set_title(f"Speedup against {knob}")
-        axes[0][0].legend(fontsize=7)
+        axes[0][0].set_title(f"Speedup against {knob} (bars: 95% interval)")
+        _legend_outside(axes[0][0])
         if scored:
             ar_acc = next(
                 (
@@ -295,8 +353,8 @@ def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
                 axes[0][1].axhline(ar_acc, color="black", lw=0.8, ls="--", label="ar")
             axes[0][1].set_xlabel(knob)
             axes[0][1].set_ylabel("accuracy")
-            axes[0][1].set_title(f"Accuracy against {knob}")
-            axes[0][1].legend(fontsize=7)
+            axes[0][1].set_title(f"Accuracy against {knob} (bars: 95% interval)")
+            _legend_outside(axes[0][1])
         paths.append(_save(plt, fig, out / f"speedup_by_{knob}.png"))
     return paths
 

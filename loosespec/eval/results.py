@@ -447,18 +447,41 @@ def open_run(
 
 
 SPEC_BENCH_KEYS = ("question_id", "category", "model_id", "choices", "tstamp")
+SPEC_BENCH_MT_TASK = "mt_bench"  # the task type a specbench row of MT-Bench's 80 questions is grouped under
+
+
+def _spec_bench_question_categories() -> dict[str, str]:
+    """Each Spec-Bench question's own category (MT-Bench's eight for questions 81..160), by problem id."""
+    from loosespec.eval.loaders import specbench
+
+    return {p.id: p.meta["category"] for p in specbench()}
 
 
 def export_spec_bench(rows: Sequence[dict], dest: Path) -> list[Path]:
     """One ``<method>.jsonl`` per method with Spec-Bench's answer-file fields only (``question_id``,
     ``category``, ``model_id``, ``choices[0]`` with ``turns``, ``new_tokens``, ``wall_time``,
     ``accept_lengths``, ``decoding_steps``), the layout its ``evaluation/speed.py`` reads; pass
-    ``ar.jsonl`` as its baseline file."""
+    ``ar.jsonl`` as its baseline file.
+
+    speed.py selects a task's rows by ``category``: its MT-Bench line by MT-Bench's own eight categories
+    (writing, roleplay, ..., humanities), the other lines by task name (translation, ..., rag). A specbench row
+    is grouped under its task type (``mt_bench`` for MT-Bench's questions), so those rows are written with their
+    question's category from Spec-Bench's question file; every other row keeps its own."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     by_method: dict[str, list[dict]] = defaultdict(list)
+    own: dict[str, str] | None = None
     for r in unique_rows(rows, "the rows exported to Spec-Bench's layout")[0]:
-        by_method[r["method"]].append({k: r[k] for k in SPEC_BENCH_KEYS})
+        item = {k: r[k] for k in SPEC_BENCH_KEYS}
+        if r["category"] == SPEC_BENCH_MT_TASK:
+            own = _spec_bench_question_categories() if own is None else own
+            if r["question_id"] not in own:
+                raise LoosespecError(
+                    f"cannot export {r['question_id']} to Spec-Bench's layout: Spec-Bench's question file "
+                    "(spec_bench_question.jsonl) has no such question, so its MT-Bench category is unknown"
+                )
+            item["category"] = own[r["question_id"]]
+        by_method[r["method"]].append(item)
     paths = []
     for m, items in by_method.items():
         paths.append(dest / f"{m}.jsonl")

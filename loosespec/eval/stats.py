@@ -62,8 +62,9 @@ def mcnemar_exact(b: int, c: int) -> float:
     pairs one way against ``c`` the other under p = 1/2 (scipy's ``binomtest``); 1.0 without discordant pairs."""
     if b + c == 0:
         return 1.0
-    from scipy.stats import binomtest
+    from loosespec.extras import import_extra
 
+    binomtest = import_extra("scipy.stats", "McNemar's exact test").binomtest
     return float(binomtest(b, b + c, 0.5).pvalue)
 
 
@@ -268,8 +269,9 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
     return out
 
 
-def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
-    """Per method, pooled over its rows: accepted / drafted at each draft position (rows with the counts)."""
+def acceptance_counts_by_position(rows: Sequence[dict]) -> dict[str, list[tuple[int, int]]]:
+    """Per method, pooled over its rows: (rounds accepting, rounds drafting) each draft position, for the positions
+    some round drafted (rows with the counts)."""
     drafted: dict[str, list[int]] = defaultdict(list)
     accepted: dict[str, list[int]] = defaultdict(list)
     for r in rows:
@@ -282,7 +284,12 @@ def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
             for i, x in enumerate(new):
                 counts[i] += x
     return {
-        m: [a / d for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
+        m: [(a, d) for a, d in zip(accepted[m] + [0] * (len(drafted[m]) - len(accepted[m])), drafted[m]) if d]
         for m in drafted
         if any(drafted[m])
     }
+
+
+def acceptance_by_position(rows: Sequence[dict]) -> dict[str, list[float]]:
+    """Per method, pooled over its rows: accepted / drafted at each draft position (rows with the counts)."""
+    return {m: [a / d for a, d in counts] for m, counts in acceptance_counts_by_position(rows).items()}

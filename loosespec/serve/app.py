@@ -14,7 +14,7 @@ current round, freeing the model for the next request. ``/health`` reports the w
 progress and answers 503 when a generation stalls (``stall_timeout_s``); shutdown gives the
 running and waiting requests ``shutdown_timeout_s``, then answers them 503 (:func:`make_server`).
 
-Choices (see README "Server"):
+Choices (see docs/server.md):
 
 - unknown request fields are ignored (as vLLM does), except names in loosespec's own namespaces
   (``fly_*``, ``sg_*``), where a typo would silently change nothing: those get 400. OpenAI fields
@@ -177,7 +177,7 @@ async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
 
 def create_app(engine, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``engine``; its worker starts and stops with the app's lifespan."""
-    metrics = Metrics()
+    metrics = Metrics(settings.served_model_name)
     worker = Worker(engine, metrics, settings.max_queue, settings.stall_timeout_s)
     front = Frontend(engine, settings)
 

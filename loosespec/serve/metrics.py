@@ -9,6 +9,31 @@ from loosespec.config import DecodeConfig
 from loosespec.methods import ALL_COUNTERS, METHODS
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+# the label naming the served model on every metric: vLLM's (its PrometheusStatLogger in vllm/v1/metrics/loggers.py
+# labels each metric model_name=<served model name>, engine=<index>)
+MODEL_NAME_LABEL = "model_name"
+
+
+class _ForModel:
+    """A metric family whose first label is the served model's name: ``labels(*others)`` fills it in."""
+
+    def __init__(self, family, model_name: str):
+        self.family, self.model_name = family, model_name
+
+    def labels(self, *values: str):
+        return self.family.labels(self.model_name, *values)
+
+
+def _for_model(kind, model_name: str):
+    """``kind`` (Counter, Gauge, Histogram) with ``model_name`` as its first label. A metric with no other label
+    is its one child (``inc``, ``set``, ``observe`` as before, shown from the start); one with others is a
+    :class:`_ForModel` whose ``labels`` takes them."""
+
+    def make(name: str, documentation: str, labelnames=(), **kw):
+        family = kind(name, documentation, (MODEL_NAME_LABEL, *labelnames), **kw)
+        return _ForModel(family, model_name) if labelnames else family.labels(model_name)
+
+    return make
 
 
 class Metrics:
@@ -19,45 +44,48 @@ class Metrics:
     (drafts, draft tokens, accepted tokens, accepted tokens per draft position), and rates are
     derived from them as vLLM derives them (acceptance rate = accepted / draft tokens, mean
     acceptance length = 1 + accepted / drafts). Metrics vLLM has no name for keep loosespec's own.
+    Every metric carries vLLM's ``model_name`` label, the served model name (``model_name``), before its own.
     """
 
-    def __init__(self):
+    def __init__(self, model_name: str):
         r = self.registry = CollectorRegistry()
+        self.model_name = model_name
+        counter, gauge, histogram = (_for_model(kind, model_name) for kind in (Counter, Gauge, Histogram))
         m = ("method",)
         p = "loosespec:"
-        self.requests = Counter(
+        self.requests = counter(
             p + "http_requests",
             "HTTP requests to /v1/* by endpoint and status code",
             ("endpoint", "status"),
             registry=r,
         )
-        self.finished = Counter(
+        self.finished = counter(
             p + "request_success",
             "Generations run to the end, by method and finish reason (vLLM's vllm:request_success)",
             ("method", "finished_reason"),
             registry=r,
         )
-        self.cancelled = Counter(
+        self.cancelled = counter(
             p + "requests_cancelled",
             "Generations stopped (or dropped from the queue) because the client disconnected",
             registry=r,
         )
-        self.failed = Counter(p + "requests_failed", "Generations that ended with an error", registry=r)
-        self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting for the worker", registry=r)
-        self.running = Gauge(p + "num_requests_running", "Generations running (0 or 1)", registry=r)
-        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", m, registry=r)
-        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", m, registry=r)
-        self.num_drafts = Counter(
+        self.failed = counter(p + "requests_failed", "Generations that ended with an error", registry=r)
+        self.waiting = gauge(p + "num_requests_waiting", "Requests waiting for the worker", registry=r)
+        self.running = gauge(p + "num_requests_running", "Generations running (0 or 1)", registry=r)
+        self.prompt_tokens = counter(p + "prompt_tokens", "Prompt tokens processed", m, registry=r)
+        self.generation_tokens = counter(p + "generation_tokens", "Tokens generated", m, registry=r)
+        self.num_drafts = counter(
             p + "spec_decode_num_drafts",
             "Rounds that drafted at least one token (an accepted SpecGuard step counts as one)",
             m,
             registry=r,
         )
-        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", m, registry=r)
-        self.num_accepted_tokens = Counter(
+        self.num_draft_tokens = counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", m, registry=r)
+        self.num_accepted_tokens = counter(
             p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", m, registry=r
         )
-        self.accepted_per_pos = Counter(
+        self.accepted_per_pos = counter(
             p + "spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted at each draft position (0-based)",
             ("method", "position"),
@@ -65,7 +93,7 @@ class Metrics:
         )
         # each rule counter a method of the registry reports (loosespec.methods), by method
         self.rule_counters = {
-            name: Counter(
+            name: counter(
                 p + name,
                 f"{name} summed over rounds (the rule's own counter; see loosespec.decode.stats)",
                 m,
@@ -73,24 +101,24 @@ class Metrics:
             )
             for name in ALL_COUNTERS
         }
-        self.sg_steps = Counter(p + "specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
-        self.sg_accepted = Counter(
+        self.sg_steps = counter(p + "specguard_steps", "SpecGuard (lossy): steps scored", registry=r)
+        self.sg_accepted = counter(
             p + "specguard_accepted_steps", "SpecGuard (lossy): draft steps accepted", registry=r
         )
-        self.latency = Histogram(
+        self.latency = histogram(
             p + "e2e_request_latency_seconds",
             "Arrival to last token",
             ("endpoint",),
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_time = Histogram(
+        self.queue_time = histogram(
             p + "request_queue_time_seconds", "Arrival to start of generation", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             p + "time_to_first_token_seconds", "Arrival to first committed token", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.generation_time = Histogram(
+        self.generation_time = histogram(
             p + "request_inference_time_seconds",
             "Generation wall time (prefill + decode)",
             m,

@@ -107,6 +107,9 @@ def test_bench_runs_vllm_methods_against_vllm_ar(tmp_path, fake_bin):
     assert fly["lossy"] and fly["output"].startswith("rule=fly") and fly["token_ids"] == list(range(20, 12, -1))
     assert by[("p1", "vllm-draft")]["output"].startswith("rule=standard")
     assert fly["drafted_tokens"] == 2 * 15 and fly["accepted_tokens"] == 8 - 2 and fly["rounds"] == 2
+    # the same counts under vLLM's names, as a loosespec row's stats has them
+    vllm_names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    assert [fly["stats"][k] for k in vllm_names] == [2, 2 * 15, 8 - 2]
     assert by[("p1", "vllm-ar")]["rounds"] == 8 and by[("p1", "vllm-ar")]["drafted_tokens"] == 0
     summary = S.summarize(rows)
     assert summary["methods"]["vllm-fly"]["baseline"] == "vllm-ar"
