@@ -191,8 +191,8 @@ _MODE_ENV = "LOOSESPEC_SANDBOX"
 NO_SANDBOX = (
     "this machine gives the sandbox no isolation ({why}): model-written code would run with only the "
     "Python-level guard, which ctypes, introspection and root bypass. Run where user namespaces are "
-    "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see the README's "
-    "'Evaluation' section"
+    "allowed, or pass --sandbox none (LOOSESPEC_SANDBOX=none) to accept that; see docs/bench.md, "
+    "'Evaluation'"
 )
 
 

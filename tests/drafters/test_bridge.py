@@ -249,9 +249,9 @@ def test_intersection_pairs_tokens_that_decode_alike(bridge):
     not all(ready(n) for n in ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")),
     reason="needs the Qwen, SmolLM2 and Gemma models prepared",
 )
-@pytest.mark.slow  # README figures (loading Gemma's 262k-token vocabulary): make test-full
+@pytest.mark.slow  # docs/models.md figures (loading Gemma's 262k-token vocabulary): make test-full
 def test_shared_vocabulary_sizes():
-    """The figures the README quotes: how much of each embedded drafter's vocabulary Qwen2.5 shares."""
+    """The figures docs/models.md quotes: how much of each embedded drafter's vocabulary Qwen2.5 shares."""
     from transformers import AutoTokenizer
 
     from loosespec.models import resolve

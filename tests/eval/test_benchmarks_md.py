@@ -103,13 +103,14 @@ def _quoted_figures() -> list[tuple[str, str]]:
     assert all(right(s) == right(g["vllm-ar"]) for s in g.values()) and g["vllm-ar"]["scored"] == 3
     assert all(right(s) == right(load["vllm-ar"]) for s in load.values()) and load["vllm-ar"]["scored"] == 8
     assert lossless["exact-model"]["identical_to_ar"] == lossless["exact-model"]["prompts"]
-    B, V, R = "BENCHMARKS.md", "docs/vllm.md", "README.md"
+    B, V = "BENCHMARKS.md", "docs/vllm.md"
+    Bd, Mt = "docs/bench.md", "docs/methods.md"  # the README's results paragraph and departures table, moved
     from loosespec.eval.failures import retention
 
     cal = _calibration()
     ev = _methods("results/bench/evidence/gsm8k")
     keep = retention(ROOT / "results/bench/evidence/gsm8k")["fly-mla"]
-    assert keep["verdict"].startswith("not decided")  # what README says of it
+    assert keep["verdict"].startswith("not decided")  # what docs/bench.md says of it
     from loosespec.eval.failures import openings
 
     mg = retention(ROOT / "results/bench/evidence/mgsm")["fly-mla"]
@@ -120,7 +121,7 @@ def _quoted_figures() -> list[tuple[str, str]]:
         label: retention(ROOT / "results/bench/evidence" / d)["fly-mla"]
         for label, d in (("GSM8K", "gsm8k"), ("NIAH", "niah"), ("MGSM zh + ja", "mgsm"), ("MATH-500", "math500"))
     }
-    assert mg["verdict"].startswith("not decided")  # what README and BENCHMARKS.md say of it
+    assert mg["verdict"].startswith("not decided")  # what docs/bench.md and BENCHMARKS.md say of it
     mg_open, gsm_open = openings(ROOT / "results/bench/evidence/mgsm"), openings(ROOT / "results/bench/evidence/gsm8k")
     guard = "fly-mla@fly_copy_guard=4"  # FLy's copy guard on MGSM (BENCHMARKS.md "FLy's copy guard, measured")
     ms, gm = _methods("results/bench/evidence/mgsm"), retention(ROOT / "results/bench/evidence/mgsm")[guard]
@@ -178,11 +179,14 @@ def _quoted_figures() -> list[tuple[str, str]]:
         ),
         (B, f"where the lossless `exact-ngram` runs at {f(hm['exact-ngram']['speedup'])}x"),
         (
-            R,
+            Bd,
             f"`fly-mla` at {f(hm['fly-mla']['speedup'])}x with recovery {f(hf['recovery'])} (95% interval {ci(hf)}; "
             f"{hf['ar_right_method_wrong']} answers lost, {hf['ar_wrong_method_right']} gained)",
         ),
-        (R, f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the {hm[guard]['prompts']} problems"),
+        (
+            Bd,
+            f"the copy guard brings recovery to {f(hg['recovery'])} ({ci(hg)}) on the {hm[guard]['prompts']} problems",
+        ),
     ]
     return (
         he_sentences
@@ -205,23 +209,23 @@ def _quoted_figures() -> list[tuple[str, str]]:
             ),
             # SpecGuard's calibration (results/calibration/specguard.json)
             (
-                R,
+                Bd,
                 f"(sg_confidence {c['sg_confidence']}, sg_beta {c['sg_beta']}, sg_tau {c['sg_tau']}) come from `make "
                 f"calibrate-specguard`: the target writes every step of the first {cal['problems']} problems of GSM8K's "
                 f"*train* split",
             ),
-            (R, f"scored, {cal['steps']} steps, default pair in int8."),
+            (Bd, f"scored, {cal['steps']} steps, default pair in int8."),
             (
-                R,
+                Bd,
                 f"separates it best (AUC {f(auc, '.3f')}), and tau accepts the share of steps the target prefers "
                 f"({f(100 * cal['prefers'], '.1f')}%).",
             ),
             (
-                R,
+                Mt,
                 f"(AUC {f(auc, '.3f')} at beta {c['sg_beta']}, min's best {f(cal['best']['min']['auc_target_prefers'], '.3f')};",
             ),
             (
-                R,
+                Mt,
                 f"beta {c['sg_beta']} and tau {c['sg_tau']}, calibrated on GSM8K's train split (`make calibrate-specguard`: "
                 f"{cal['problems']} problems, {cal['steps']} steps)",
             ),
@@ -239,10 +243,10 @@ def _quoted_figures() -> list[tuple[str, str]]:
                 + " against the target's preference",
             ),
             (B, f"target (step acceptance {f(ev['specguard']['step_accept_rate'])}: most steps are rejected)"),
-            # README's headline numbers: the GSM8K evidence run
-            (R, f"EVID_GSM8K_N={ev['ar']['prompts']}`): the first {ev['ar']['prompts']} GSM8K test problems"),
+            # docs/bench.md's results paragraph: the GSM8K evidence run
+            (Bd, f"EVID_GSM8K_N={ev['ar']['prompts']}`): the first {ev['ar']['prompts']} GSM8K test problems"),
             (
-                R,
+                Bd,
                 f"Lossless `exact-mla` runs at {f(ev['exact-mla']['speedup'])}x of `ar` (95% interval "
                 f"{f(ev['exact-mla']['speedup_ci95'][0])}-{f(ev['exact-mla']['speedup_ci95'][1])}) with every output "
                 f"identical to `ar`'s"
@@ -250,14 +254,14 @@ def _quoted_figures() -> list[tuple[str, str]]:
                 else "exact-mla is not identical to ar",
             ),
             (
-                R,
+                Bd,
                 f"FLy (`fly-mla`, lossy) at {f(ev['fly-mla']['speedup'])}x ({f(ev['fly-mla']['speedup_ci95'][0])}-"
                 f"{f(ev['fly-mla']['speedup_ci95'][1])}) with accuracy recovery {f(keep['recovery'])} (95% interval "
                 f"{f(keep['recovery_ci95'][0])}-{f(keep['recovery_ci95'][1])}; {keep['ar_right_method_wrong']} answers "
                 f"lost, {keep['ar_wrong_method_right']} gained), which at n = {keep['scored']} neither",
             ),
             (
-                R,
+                Bd,
                 f"SpecGuard (lossy) at {f(ev['specguard']['speedup'])}x ({sk['ar_right_method_wrong']} answers lost, "
                 f"{sk['ar_wrong_method_right']} gained): slower",
             ),
@@ -281,7 +285,7 @@ def _quoted_figures() -> list[tuple[str, str]]:
                 f"{msg['ar_right_method_wrong']} answers lost and none gained; on GSM8K it is not ({f(sk['recovery'])}, "
                 f"{f(sk['recovery_ci95'][0])}-{f(sk['recovery_ci95'][1])})",
             ),
-            # MATH-500 (README's measured paragraph and BENCHMARKS.md below its tables)
+            # MATH-500 (docs/bench.md's results paragraph and BENCHMARKS.md below its tables)
             (
                 B,
                 f"it deferred {math_ident['fly_deferred']} times in {math_ident['prompts']} problems (`fly_deferred` in the "
@@ -290,7 +294,7 @@ def _quoted_figures() -> list[tuple[str, str]]:
             ),
             (B, f"chose short drafts (mean accepted length {f(math_ident['mean_accepted_length'])})"),
             (
-                R,
+                Bd,
                 f"On the first {mf['scored']} MATH-500 problems FLy lost "
                 f"{'no answer' if not mf['ar_right_method_wrong'] else mf['ar_right_method_wrong']} ({f(mf['speedup'])}x) and "
                 f"SpecGuard lost {msg['ar_right_method_wrong']}, gained {msg['ar_wrong_method_right']} (recovery "
@@ -315,7 +319,7 @@ def _quoted_figures() -> list[tuple[str, str]]:
                 else "FLy's MATH-500 answers have changed",
             ),
             (
-                R,
+                Bd,
                 f"FLy runs at {f(mg['speedup'])}x with recovery {f(mg['recovery'])} (95% interval "
                 f"{f(mg['recovery_ci95'][0])}-{f(mg['recovery_ci95'][1])}; {mg['ar_right_method_wrong']} answers lost, "
                 f"{mg['ar_wrong_method_right']} gained): not decided either",
@@ -391,13 +395,13 @@ def _quoted_figures() -> list[tuple[str, str]]:
                 f"{gm['ar_right_method_wrong']} answers where FLy lost {mg['ar_right_method_wrong']}",
             ),
             (
-                R,
+                Bd,
                 f"FLy's copy guard (`--fly-copy-guard 4`, a labeled lossy variant, off by default) lost "
                 f"{gm['ar_right_method_wrong']} and gained {gm['ar_wrong_method_right']} on the same problems (recovery "
                 f"{f(gm['recovery'])}, 95% interval {f(gm['recovery_ci95'][0])}-{f(gm['recovery_ci95'][1])})",
             ),
             (
-                R,
+                Mt,
                 f"grounding alone does not separate the steps the target prefers here (AUC "
                 f"{f(cal['signals']['G']['auc_target_prefers'], '.3f')})",
             ),
@@ -519,7 +523,48 @@ def _quoted_figures() -> list[tuple[str, str]]:
             ),
         ]
         + _fly_calibration_sentences(B)
+        + _readme_table()
     )
+
+
+def _readme_table() -> list[tuple[str, str]]:
+    """README.md's "Measured so far" table, row by row: the lossy methods' rows from the retention verdicts (as
+    BENCHMARKS.md's "Does FLy keep accuracy?"), the lossless ones' from their bench summaries."""
+    from loosespec.eval.failures import retention
+
+    ev = ROOT / "results/bench/evidence"
+
+    def pair(value, ci, unit=""):
+        return f"{value:.2f}{unit} ({ci[0]:.2f}-{ci[1]:.2f})"
+
+    def lossless(label, d, m):
+        s = _methods(f"results/bench/evidence/{d}")[m]
+        same = "every output `ar`'s" if s["identical_to_ar"] == 1 else "outputs that differ from ar's"
+        return f"| {label} | {s['prompts']} | `{m}` | {pair(s['speedup'], s['speedup_ci95'], 'x')} | {same} | - | lossless |"
+
+    def lossy(label, d, m):
+        r = retention(d)[m]
+        return (
+            f"| {label} | {r['scored']} | `{m}` (lossy) | {pair(r['speedup'], r['speedup_ci95'], 'x')} | "
+            f"{pair(r['recovery'], r['recovery_ci95'])} | {r['ar_right_method_wrong']} / {r['ar_wrong_method_right']} | "
+            f"{r['verdict']} |"
+        )
+
+    guard = "fly-mla@fly_copy_guard=4"
+    rows = [
+        lossless("GSM8K", "gsm8k", "exact-mla"),
+        lossy("GSM8K", ev / "gsm8k", "fly-mla"),
+        lossy("GSM8K", ev / "gsm8k", "specguard"),
+        lossy("MGSM zh + ja", ev / "mgsm", "fly-mla"),
+        lossy("MGSM zh + ja", ev / "mgsm", guard),
+        lossy("MATH-500", ev / "math500", "fly-mla"),
+        lossy("MATH-500", ev / "math500", "specguard"),
+        lossless("HumanEval", "humaneval", "exact-ngram"),
+        lossy("HumanEval", ev / "humaneval", "fly-mla"),
+        lossy("HumanEval", ev / "humaneval", guard),
+        lossy("GSM8K, T = 0.7, three seeds", [ev / f"gsm8k-t0.7-seed{i}" for i in range(3)], "fly-mla"),
+    ]
+    return [("README.md", row) for row in rows]
 
 
 def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
@@ -556,8 +601,9 @@ def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
 
 
 def test_figures_quoted_in_prose_match_the_result_files():
-    """The numbers BENCHMARKS.md and docs/vllm.md quote outside the generated blocks (vLLM figures, the
-    speed.py runs, the cross-tokenizer runs) are the committed results' own."""
+    """The numbers BENCHMARKS.md, docs/vllm.md, docs/bench.md and docs/methods.md quote outside the generated blocks
+    (vLLM figures, the speed.py runs, the cross-tokenizer runs, the evidence runs, the calibrations) and README.md's
+    results table are the committed results' own."""
     import re
 
     texts = {}
