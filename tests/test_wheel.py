@@ -29,8 +29,11 @@ def _run(args, timeout=300, **kw):
 
 
 def _make_n(*args) -> list[str]:
-    """The command lines a make target runs here (make -n), the venv set up (-o setup)."""
-    return _run(["make", "-n", "-o", "setup", *args], cwd=ROOT).stdout.strip().splitlines()
+    """The command lines a make target runs here (make -n), the venv set up (-o setup). Run from `make test`, make
+    passes its flags down (MAKEFLAGS, MAKELEVEL: "Entering directory" lines); they are dropped."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    cmd = ["make", "--no-print-directory", "-n", "-o", "setup", *args]
+    return _run(cmd, cwd=ROOT, env=env).stdout.strip().splitlines()
 
 
 def test_make_dist_builds_the_wheel_without_downloading():
