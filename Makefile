@@ -72,12 +72,15 @@ bench-specguard: setup
 # SpecGuard's tau, beta and confidence variant from the first CAL_N problems of GSM8K's *train* split (no
 # benchmark reads it), at the precision chosen for this machine; resumable (step records in
 # results/calibration/specguard.steps.jsonl), table in results/calibration/specguard.md.
-# CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files.
+# CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files. Issue 47's held-out
+# calibration (step records with grounding measured several ways; the diagnosis and held-out tables):
+#   make calibrate-specguard CAL_N=70 CAL_OUT=results/calibration/specguard-heldout.json
 CAL_N ?= 50
 CAL_SELECT ?= embedding
+CAL_OUT ?= results/calibration/specguard$(if $(filter attention,$(CAL_SELECT)),-attention).json
 calibrate-specguard: setup
 	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(CAL_N) --sg-select $(CAL_SELECT) \
-		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration/specguard$(if $(filter attention,$(CAL_SELECT)),-attention).json
+		--max-new-tokens $(SG_BENCH_TOKENS) --out $(CAL_OUT)
 
 # The runs measured before precision by hardware and the cost-aware draft length (bfloat16, K every round):
 # these flags reproduce their configuration (and let `make benchmarks` reprint the committed results).

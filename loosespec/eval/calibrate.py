@@ -266,6 +266,7 @@ def calibrate_specguard(
     from tqdm.auto import tqdm
 
     from loosespec.decode.text import encode_prompt
+    from loosespec.eval.specguard_diag import add_grounding_variants
 
     run_cfg = dataclasses.replace(cfg, sg_tau=1.01, sg_on_reject="draft-assisted", sg_verify="exact")
     done = _done(steps_file)
@@ -274,6 +275,8 @@ def calibrate_specguard(
         r = engine.generate(ids, run_cfg)
         steps = [dict(s) for s in r.stats.steps]
         target_preference(engine.target_lm, ids, r.token_ids, steps, margin)
+        if engine.bridge is None:  # the candidates' ids are the target's: the variants can be read from them
+            add_grounding_variants(engine.draft_lm.model, ids, r.token_ids, steps)
         done[p.id] = {"problem": p.id, "new_tokens": len(r.token_ids), "steps": steps}
         if steps_file is not None:
             with steps_file.open("a") as f:
@@ -297,6 +300,20 @@ def calibrate_specguard(
     }
     report["analysis"] = analyse_report(report)
     return report
+
+
+def diagnosis_sections(report: dict) -> str:
+    """The grounding diagnosis and the held-out calibration (:mod:`loosespec.eval.specguard_diag`) of a report
+    whose step records carry grounding variants; "" for one that predates them."""
+    from loosespec.eval.specguard_diag import diagnose, format_diagnosis, format_heldout, heldout
+
+    if not any(s.get("g_variants") for s in report["steps"]):
+        return ""
+    out = "\n\n**What G measures**\n\n" + format_diagnosis(diagnose(report["steps"]))
+    try:
+        return out + "\n\n**Held-out calibration**\n\n" + format_heldout(heldout(report["steps"]))
+    except ValueError as e:  # too few problems or labels to hold some out
+        return out + f"\n\nNo held-out calibration: {e}."
 
 
 def format_analysis(report: dict) -> str:
@@ -350,4 +367,4 @@ def format_analysis(report: dict) -> str:
             + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
             + ".",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines) + diagnosis_sections(report)

@@ -127,6 +127,11 @@ def test_calibrate_on_the_tiny_pair_labels_every_step_and_resumes(tiny_engine, t
         if s["agrees"]:
             assert s["preference_gap"] == pytest.approx(0.0, abs=1e-5)
     assert "| G |" in format_analysis(report)
+    # every step also has its grounding measured the diagnosis' ways; the rollout over the last 3 layers, minimum
+    # over the step's tokens, is the G the step loop computed (there from a cached forward, here from a full one)
+    for s in steps:
+        assert s["g_variants"]["rollout3_min"] == pytest.approx(s["grounding"], abs=1e-4)
+        assert len(s["g_variants"]["layer_mean"]) == tiny_engine.draft_lm.model.config.num_hidden_layers
     # rerun: nothing generated again, same analysis
     monkeypatch.setattr(tiny_engine, "generate", lambda *a, **k: pytest.fail("a finished problem ran again"))
     again = calibrate_specguard(tiny_engine, problems, cfg, progress=False, steps_file=steps_file)
