@@ -7,13 +7,10 @@ that one declaration: the CLI options of ``generate``, ``serve``, ``calibrate`` 
 vLLM plugin's FLy settings (``loosespec.integrations.vllm.rule``) and the errors. Adding a knob is one
 :func:`knob` line (plus the code that uses it).
 
-Field names are the public names everywhere: CLI flags (``--num-draft-tokens``), ``--json``
-output, result files and server request fields. Where vLLM or transformers already has a
-name for a knob, loosespec uses it: vLLM's ``prompt_lookup_max``, ``prompt_lookup_min``, ``seed`` and
-``fly_*``, both's ``top_p`` and ``top_k``, transformers' ``max_new_tokens``. vLLM's
-``speculative_config`` keys are accepted as they are (:mod:`loosespec.speculative_config`), and the
-transformers entry takes ``prompt_lookup_num_tokens``, ``max_matching_ngram_size`` and
-``num_assistant_tokens`` (:mod:`loosespec.integrations.hf`).
+Field names are the public names everywhere (CLI flags, ``--json``, result files, request fields); where vLLM or
+transformers has a name for a knob, loosespec uses it (vLLM's ``prompt_lookup_*``, ``seed``, ``fly_*``, both's
+``top_p`` / ``top_k``, transformers' ``max_new_tokens``). vLLM's ``speculative_config`` keys map through
+:mod:`loosespec.speculative_config`, transformers' assisted-generation fields through :mod:`loosespec.integrations.hf`.
 
 Errors are :class:`ConfigError`: they name the field, and each front end phrases them for its
 user (``--num-draft-tokens`` on the command line, ``num_draft_tokens`` and ``param`` in the
@@ -42,6 +39,7 @@ FLY_SAMPLING = ("two-sample", "rejection")
 SG_EMBEDDERS = ("draft", "sentence-transformer")
 SG_ON_REJECT = ("draft-assisted", "regenerate")
 SG_VERIFY = ("exact", "fly")
+SG_STEPS = ("adaptive", "always")
 SG_CONFIDENCE = ("min", "mean")
 SG_SELECT = ("embedding", "attention")
 # SpecGuard's tau, beta and confidence variant: the papers publish none. `make calibrate-specguard` (loosespec
@@ -459,6 +457,13 @@ class DecodeConfig:
         choices=SG_VERIFY,
     )
     sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
+    sg_steps: str = knob(
+        "adaptive",
+        "adaptive: attempt a step only while attempts cost less per token than the target writing steps with "
+        "--drafter (modelled from the measured forward costs) | always: every step, as the seed.",
+        lossy="SpecGuard",
+        choices=SG_STEPS,
+    )
     sg_batch_candidates: bool = knob(
         True,
         "draft the candidates as one batch (one draft forward per position for all); off: one after another.",

@@ -106,6 +106,9 @@ class Generation:
     def _run(self) -> Iterator[Chunk]:
         e, cfg = self.engine, self.cfg
         drafter, rule, generator = e.build(cfg, self.prompt_ids)
+        if METHODS[cfg.method].step_level and cfg.sg_steps == "adaptive":  # StepChooser prices steps from these
+            e.target_lm.cost = e.cost_curve("target", max(cfg.num_draft_tokens + 1, 16))
+            e.draft_lm.cost = e.cost_curve("draft", max(cfg.mla_lookup_tokens + 1, cfg.sg_candidates))
         target_f0 = e.target_lm.forwards
         draft_f0 = e.draft_lm.forwards if e.draft_lm is not None else 0
         e.target_lm.reset()

@@ -60,6 +60,7 @@ class Stats:
     drafted_at: list[int] = field(default_factory=list)  # per position: rounds drafting it
     accepted_at: list[int] = field(default_factory=list)  # per position: rounds accepting it
     events: dict[str, int] = field(default_factory=dict)  # a rule's own counters (FLy), summed
+    skipped_steps: int = 0  # SpecGuard steps the target wrote without an attempt (step_summary)
     steps: list[dict] = field(default_factory=list)  # SpecGuard: one record per step
     candidates_drafted: int = 0
     draft_lengths: dict[int, int] = field(default_factory=dict)  # chosen draft length -> rounds
@@ -151,20 +152,24 @@ class Stats:
         return sum(1 for r in self.round_records if r[0] > 0)
 
     def step_summary(self) -> dict:
-        if not self.steps:
+        """SpecGuard's steps: ``steps`` attempted (candidates drafted and scored), of which ``accepted_steps`` kept
+        the draft's and ``target_steps`` were written by the target; ``skipped_steps`` the target wrote without an
+        attempt (``sg_steps adaptive``: attempts cost more per token there)."""
+        if not self.steps and not self.skipped_steps:
             return {}
         n = len(self.steps)
         accepted = sum(r["accepted"] for r in self.steps)
 
-        def mean(key: str) -> float:
-            return round(sum(r[key] for r in self.steps) / n, 4)
+        def mean(key: str) -> float | None:
+            return round(sum(r[key] for r in self.steps) / n, 4) if n else None
 
         return {
             "steps": n,
             "accepted_steps": accepted,
             "target_steps": n - accepted,
+            "skipped_steps": self.skipped_steps,
             "candidates_drafted": self.candidates_drafted,
-            "step_accept_rate": round(accepted / n, 4),
+            "step_accept_rate": round(accepted / n, 4) if n else None,
             "mean_grounding": mean("grounding"),
             "mean_confidence": mean("confidence"),
             "mean_score": mean("score"),

@@ -29,6 +29,7 @@ tokens it wrote identically) for :mod:`loosespec.eval.calibrate`.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
@@ -309,6 +310,44 @@ class StepParts:
     side: DraftSide | None = None  # the draft's ids; None: the draft shares the target's tokenizer
 
 
+class StepChooser:
+    """Whether SpecGuard attempts the next step (k draft candidates, the chosen one's scores and, when it is
+    rejected, the target's verify of it) or lets the target write it with the token-level drafter (lossless, no
+    candidates), from what each kind of step has cost per committed token.
+
+    The cost of a step is the modelled seconds of the forwards it ran, target and draft (the measured cost curves,
+    :mod:`loosespec.cost`; ``CachedLM.modelled_s``), so one machine makes the same choices on every run. Each kind
+    is measured on its first :data:`WARMUP` steps; then the cheaper per token over the last :data:`WINDOW` steps of
+    each runs, and the other is measured again after :data:`EXPLORE_EVERY` steps without it. ``sg_steps always``
+    attempts every step (the seed's SpecGuard)."""
+
+    WARMUP = 2
+    WINDOW = 16
+    EXPLORE_EVERY = 8
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.costs = {True: deque(maxlen=self.WINDOW), False: deque(maxlen=self.WINDOW)}  # (seconds, tokens)
+        self.idle = {True: 0, False: 0}  # steps since each kind last ran
+
+    def per_token(self, attempt: bool) -> float:
+        q = self.costs[attempt]
+        return sum(sec for sec, _ in q) / max(sum(n for _, n in q), 1)
+
+    def attempt(self) -> bool:
+        if self.mode == "always":
+            return True
+        for kind in (True, False):
+            if len(self.costs[kind]) < self.WARMUP:
+                return kind
+        best = self.per_token(True) <= self.per_token(False)
+        return (not best) if self.idle[not best] >= self.EXPLORE_EVERY else best
+
+    def record(self, attempt: bool, seconds: float, tokens: int) -> None:
+        self.costs[attempt].append((seconds, tokens))
+        self.idle[attempt], self.idle[not attempt] = 0, self.idle[not attempt] + 1
+
+
 def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
     """Yield one committed step at a time until an end token or ``cfg.max_new_tokens``.
 
@@ -328,8 +367,35 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
     def draft_done(tokens: list[int]) -> bool:
         return step_length(tokens, side.detokenize, cfg.sg_delimiter, side.stop_ids) is not None
 
+    def target_step(assist: Drafter | None, cap: int) -> list[int]:
+        """The target writes one step (token-level rounds with ``assist`` drafting), cut at the delimiter."""
+        tokens = []
+        for chunk in token_decode(target, assist, rule, seq, cap, cfg.num_draft_tokens, stop_ids, stats):
+            tokens += chunk
+            if done(tokens):
+                break
+        cut = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
+        stats.uncommit(len(tokens) - len(cut))  # rounds may run past the delimiter: count what is kept
+        return cut
+
+    chooser = StepChooser(cfg.sg_steps)
+
+    def spent() -> float:
+        return target.modelled_s + draft.modelled_s
+
     while produced < cfg.max_new_tokens:
         cap = min(cfg.sg_max_step_tokens, cfg.max_new_tokens - produced)
+        before = spent()
+        if not chooser.attempt():  # the target writes this step with --drafter and sg_verify's rule: no candidates
+            tokens = target_step(drafter, cap)
+            chooser.record(False, spent() - before, len(tokens))
+            stats.skipped_steps += 1
+            seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
+            produced += len(tokens)
+            yield tokens
+            if not tokens or tokens[-1] in stop_ids:
+                return
+            continue
         dseq = side.to_draft(seq)
         # 1. k candidates from the draft, the first greedy
         if cfg.sg_batch_candidates:
@@ -369,20 +435,14 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         # 5. reject: the target writes the step, with the candidate as first draft or alone
         else:
             assist = CandidateFirst(step, int(seq.shape[0]), drafter) if cfg.sg_on_reject == "draft-assisted" else None
-            tokens = []
-            for chunk in token_decode(target, assist, rule, seq, cap, cfg.num_draft_tokens, stop_ids, stats):
-                tokens += chunk
-                if done(tokens):
-                    break
-            cut = tokens[: step_length(tokens, detokenize, cfg.sg_delimiter, stop_ids) or len(tokens)]
-            stats.uncommit(len(tokens) - len(cut))  # rounds may run past the delimiter: count what is kept
-            tokens = cut
+            tokens = target_step(assist, cap)
             record["agrees"] = tokens == step
             record["agreed_prefix"] = common_prefix_len(
                 torch.tensor(tokens, dtype=torch.long), torch.tensor(step, dtype=torch.long)
             )
         record["written"] = len(tokens)
         stats.record_step(record, candidates=len(cands))
+        chooser.record(True, spent() - before, len(tokens))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)
         yield tokens

@@ -268,7 +268,7 @@ def calibrate_specguard(
     from loosespec.decode.text import encode_prompt
     from loosespec.eval.specguard_diag import add_grounding_variants
 
-    run_cfg = dataclasses.replace(cfg, sg_tau=1.01, sg_on_reject="draft-assisted", sg_verify="exact")
+    run_cfg = dataclasses.replace(cfg, sg_tau=1.01, sg_on_reject="draft-assisted", sg_verify="exact", sg_steps="always")
     done = _done(steps_file)
     for p in tqdm([p for p in problems if p.id not in done], desc="calibrating", unit="problem", disable=not progress):
         ids = encode_prompt(engine.tokenizer, p.prompt)

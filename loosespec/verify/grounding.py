@@ -9,15 +9,20 @@ agree it is trustworthy:
   :func:`attention_rollout`): attention rollout over the draft's last 3 layers; per step token,
   the rollout mass on positions *before* the step (prompt and accepted steps); the minimum over
   the step's tokens. A step whose tokens attend mostly to themselves is poorly grounded.
-- confidence C (:func:`step_confidence`): exp of the minimum token log-probability of the step
-  under the draft, in [0, 1].
+- confidence C (:func:`step_confidence`): exp of the mean token log-probability of the step under
+  the draft (``sg_confidence mean``, the default: the geometric mean of the tokens' probabilities), or
+  of the minimum (``min``), in (0, 1].
 - S = beta * C + (1 - beta) * G (:func:`step_score`); accept iff S >= tau (:func:`accept_step`).
+  The defaults (``sg_beta`` 0.8, ``sg_tau`` 0.825098, ``sg_confidence mean``) are the calibration's
+  choice (``results/calibration/specguard.md``), where G on its own carried no information about
+  which steps the target prefers; :mod:`loosespec.eval.specguard_diag` measures G other ways.
 
 An accepted step is the draft's text, which the target may not have written: the rule is lossy.
 
-Worked example (beta = 0.3): a step whose least likely token has log-prob -0.5 (C = 0.607) and
-whose least grounded token keeps 0.8 of its rollout mass on the context (G = 0.8) scores
-S = 0.3 * 0.607 + 0.7 * 0.8 = 0.742, accepted at tau = 0.7, rejected at tau = 0.75.
+Worked example (the defaults): a step whose tokens have a mean log-prob of -0.1 (C = 0.905) and
+whose least grounded token keeps 0.6 of its rollout mass on the context (G = 0.6) scores
+S = 0.8 * 0.905 + 0.2 * 0.6 = 0.844, accepted at tau 0.825098; with a mean log-prob of -0.15
+(C = 0.861), S = 0.809, rejected.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.decode.steps import CandidateFirst, draft_candidate
+from loosespec.decode.steps import CandidateFirst, StepChooser, draft_candidate
 from loosespec.drafters.base import Drafter
 from loosespec.errors import LoosespecError
 from loosespec.verify.grounding import (
@@ -192,7 +192,8 @@ QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?"
 )
-SG = dict(max_new_tokens=24, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True)
+# sg_steps always: these tests read what SpecGuard does with every step (adaptive may leave steps to the target)
+SG = dict(max_new_tokens=24, sg_delimiter=".", sg_max_step_tokens=16, has_draft_model=True, sg_steps="always")
 
 
 def test_confidence_variant_is_a_knob_the_step_loop_uses(smol_engine):
@@ -415,3 +416,41 @@ def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
     assert grounding(CachedLM(model), seq, step) == grounding_from_step_rows(
         [a[0, :, -len(step) :] for a in old], len(seq)
     )
+
+
+def test_step_chooser_measures_both_kinds_then_runs_the_cheaper_and_remeasures_the_other():
+    c = StepChooser("adaptive")
+    order = []
+    for cost in ((1.0, 10), (1.2, 10), (0.5, 10), (0.5, 10)):  # attempts 0.11 s/token, target steps 0.05
+        kind = c.attempt()
+        order.append(kind)
+        c.record(kind, *cost)
+    assert order == [True, True, False, False]  # WARMUP steps of each kind first
+    chosen = []
+    for _ in range(StepChooser.EXPLORE_EVERY + 2):
+        kind = c.attempt()
+        chosen.append(kind)
+        c.record(kind, *((1.1, 10) if kind else (0.5, 10)))
+    # the target's steps are cheaper; an attempt is measured again after EXPLORE_EVERY steps without one
+    assert chosen[: StepChooser.EXPLORE_EVERY - 2] == [False] * (StepChooser.EXPLORE_EVERY - 2)
+    assert True in chosen
+    assert c.per_token(False) == pytest.approx(0.05)
+    always = StepChooser("always")
+    always.record(True, 100.0, 1)
+    assert all(always.attempt() for _ in range(5))
+
+
+def test_adaptive_steps_leave_dear_steps_to_the_target_losslessly(smol_engine, monkeypatch):
+    """Attempts made to look dear: after the warm-up the target writes the steps itself (with --drafter, exact),
+    so at tau above 1 (every attempt rejected too) the output is still the target's greedy one; the summary says
+    how many steps were never attempted."""
+    monkeypatch.setattr(StepChooser, "per_token", lambda self, attempt: 1.0 if attempt else 0.1)
+    kw = {**SG, "sg_steps": "adaptive", "max_new_tokens": 40}
+    ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=kw["max_new_tokens"]))
+    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=1.01, **kw))
+    s = r.stats.to_dict()
+    assert r.token_ids == ar.token_ids
+    assert s["skipped_steps"] >= 1 and s["steps"] >= StepChooser.WARMUP
+    # after the warm-up, attempts only every EXPLORE_EVERY steps
+    assert s["steps"] <= StepChooser.WARMUP + s["skipped_steps"] // StepChooser.EXPLORE_EVERY + 1
+    assert_counts_only_committed(r)
