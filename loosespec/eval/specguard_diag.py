@@ -33,6 +33,8 @@ from collections.abc import Sequence
 
 import torch
 
+from loosespec.eval.signal_stats import auc_ci95, propose_tau, rank_correlation, roc_auc
+
 SINK = 4  # the first positions that collect attention whatever the content (StreamingLLM's attention sinks)
 FIT_SHARE = 0.6  # the first 60% of the problems choose; the rest only score the choice
 SCALAR_VARIANTS = (
@@ -47,6 +49,7 @@ SCALAR_VARIANTS = (
     "last_nosink_mean",
 )
 CONFIDENCE_VARIANTS = ("min", "mean")
+BETAS = tuple(round(0.1 * i, 1) for i in range(11))  # the weight grid of S = beta C + (1 - beta) G
 THRESHOLD_QUANTILES = 40  # the AND rule's threshold grid: this many quantiles of each signal on the fit steps
 
 
@@ -135,7 +138,6 @@ def _labelled(steps: Sequence[dict]) -> list[dict]:
 
 
 def _row(values, prefers, agrees, lengths, problems) -> dict:
-    from loosespec.eval.calibrate import auc_ci95, rank_correlation, roc_auc
 
     auc_p, auc_a = roc_auc(values, prefers), roc_auc(values, agrees)
     return {
@@ -205,7 +207,6 @@ def _weighted(s: dict, conf: str, g: str, beta: float) -> float:
 
 
 def _fit_weighted(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict:
-    from loosespec.eval.calibrate import BETAS, propose_tau, roc_auc
 
     best = None
     for conf in CONFIDENCE_VARIANTS:
@@ -253,7 +254,6 @@ def _fit_both(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict
 
 
 def _fit_confidence_only(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict:
-    from loosespec.eval.calibrate import propose_tau, roc_auc
 
     aucs = {c: roc_auc([s["confidence_" + c] for s in fit], prefers) for c in CONFIDENCE_VARIANTS}
     conf = max(aucs, key=lambda c: -1 if aucs[c] is None else aucs[c])
@@ -264,7 +264,6 @@ def _fit_confidence_only(fit: Sequence[dict], prefers: Sequence[bool], rate: flo
 def heldout(steps: Sequence[dict], share: float = FIT_SHARE) -> dict:
     """Each rule chosen on the fit problems and scored on the held-out ones: precision, recall and accept rate
     against ``target_prefers`` (and, for the scored rules, AUC) on both parts."""
-    from loosespec.eval.calibrate import roc_auc
 
     steps = _labelled(steps)
     fit, held = split_problems(steps, share)
