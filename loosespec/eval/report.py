@@ -313,22 +313,13 @@ def _plot_sweeps(plt, summary: dict, out: Path) -> list[Path]:
             label = base + (" (lossy)" if is_lossy(base) else "")
             xs = [x for x, _ in points]
             s = [summary["methods"][m] for _, m in points]
-            ys = [r.get("speedup") for r in s]
-            axes[0][0].errorbar(
-                xs,
-                [math.nan if y is None else y for y in ys],
-                yerr=_ci_err(ys, [r.get("speedup_ci95") for r in s]),
-                marker="o",
-                ms=4,
-                capsize=3,
-                label=label,
-            )
-            if scored:
-                accs = [r.get("accuracy") for r in s]
-                axes[0][1].errorbar(
+            # each panel: the value with its 95% interval from the summary
+            for ax, key in ((axes[0][0], "speedup"), *(((axes[0][1], "accuracy"),) if scored else ())):
+                ys = [r.get(key) for r in s]
+                ax.errorbar(
                     xs,
-                    [math.nan if a is None else a for a in accs],
-                    yerr=_ci_err(accs, [r.get("accuracy_ci95") for r in s]),
+                    [math.nan if y is None else y for y in ys],
+                    yerr=_ci_err(ys, [r.get(key + "_ci95") for r in s]),
                     marker="o",
                     ms=4,
                     capsize=3,

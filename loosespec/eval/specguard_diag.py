@@ -322,6 +322,12 @@ def _f(v, spec=".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _auc(r: dict) -> str:
+    """A row's AUC against "target prefers" with its interval."""
+    ci = r["auc_target_prefers_ci95"]
+    return _f(r["auc_target_prefers"]) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
 def format_diagnosis(d: dict) -> str:
     """The diagnosis as markdown: one row per grounding variant (then the confidence variants), one per layer."""
     lines = [
@@ -334,21 +340,11 @@ def format_diagnosis(d: dict) -> str:
         "| --- | ---: | ---: | ---: |",
     ]
     for name, r in d["signals"].items():
-        ci = r["auc_target_prefers_ci95"]
-        lines.append(
-            f"| {name} | {_f(r['auc_target_prefers'])}"
-            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-            + f" | {_f(r['auc_agrees'])} | {_f(r['rho_length'])} |"
-        )
+        lines.append(f"| {name} | {_auc(r)} | {_f(r['auc_agrees'])} | {_f(r['rho_length'])} |")
     lines += ["", "Per layer (head-mean attention, no rollout, sink left out, mean over the step's tokens):", ""]
     lines += ["| layer | AUC, target prefers [95% CI] | rho with step length |", "| ---: | ---: | ---: |"]
     for i, r in enumerate(d["layers"]):
-        ci = r["auc_target_prefers_ci95"]
-        lines.append(
-            f"| {i} | {_f(r['auc_target_prefers'])}"
-            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-            + f" | {_f(r['rho_length'])} |"
-        )
+        lines.append(f"| {i} | {_auc(r)} | {_f(r['rho_length'])} |")
     lines += [
         "",
         "Variants whose interval lies above 0.5: "
