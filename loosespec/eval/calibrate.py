@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from loosespec.config import DecodeConfig
+from loosespec.config import DecodeConfig, knob_default
 from loosespec.eval.signal_stats import auc_ci95, propose_tau, rank_correlation, roc_auc  # noqa: F401 (re-exported)
 from loosespec.eval.specguard_diag import (
     BETAS,
@@ -237,7 +237,8 @@ def diagnosis_sections(report: dict) -> str:
         return ""
     out = "\n\n**What G measures**\n\n" + format_diagnosis(diagnose(report["steps"]))
     try:
-        return out + "\n\n**Held-out calibration**\n\n" + format_heldout(heldout(report["steps"]))
+        default = {k: knob_default(k) for k in ("sg_confidence", "sg_beta", "sg_tau")}
+        return out + "\n\n**Held-out calibration**\n\n" + format_heldout(heldout(report["steps"], default=default))
     except ValueError as e:  # too few problems or labels to hold some out
         return out + f"\n\nNo held-out calibration: {e}."
 

@@ -261,9 +261,11 @@ def _fit_confidence_only(fit: Sequence[dict], prefers: Sequence[bool], rate: flo
     return {"sg_confidence": conf, "sg_beta": 1.0, "sg_tau": tau["tau"], "fit_auc": round(aucs[conf], 4)}
 
 
-def heldout(steps: Sequence[dict], share: float = FIT_SHARE) -> dict:
+def heldout(steps: Sequence[dict], share: float = FIT_SHARE, default: dict | None = None) -> dict:
     """Each rule chosen on the fit problems and scored on the held-out ones: precision, recall and accept rate
-    against ``target_prefers`` (and, for the scored rules, AUC) on both parts."""
+    against ``target_prefers`` (and, for the scored rules, AUC) on both parts. ``default``: a weighted rule
+    already chosen (``sg_confidence``, ``sg_beta``, ``sg_tau``; G is SpecGuard's, ``rollout3_min``), scored on
+    both parts as it is."""
 
     steps = _labelled(steps)
     fit, held = split_problems(steps, share)
@@ -275,10 +277,17 @@ def heldout(steps: Sequence[dict], share: float = FIT_SHARE) -> dict:
         raise ValueError("the fit steps carry one label only: nothing to choose a threshold on")
     rate = sum(y_fit) / len(y_fit)
     rules = {}
-    for name, choice in (
+    chosen = [
         ("weighted (S = beta C + (1 - beta) G)", _fit_weighted(fit, y_fit, rate)),
         ("confidence alone (beta 1)", _fit_confidence_only(fit, y_fit, rate)),
-    ):
+    ]
+    if default is not None:
+        c = {"grounding": "rollout3_min", **default}
+        c["fit_auc"] = round(
+            roc_auc([_weighted(s, c["sg_confidence"], c["grounding"], c["sg_beta"]) for s in fit], y_fit), 4
+        )
+        chosen.append(("the defaults, as they are (not refitted)", c))
+    for name, choice in chosen:
 
         def score(s, choice=choice):
             g = s["g_variants"][choice["grounding"]] if "grounding" in choice else 0.0

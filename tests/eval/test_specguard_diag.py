@@ -109,3 +109,14 @@ def test_heldout_needs_both_labels_on_the_fit_part():
         s["target_prefers"] = True
     with pytest.raises(ValueError, match="one label"):
         D.heldout(steps)
+
+
+def test_heldout_scores_the_defaults_as_they_are():
+    default = {"sg_confidence": "mean", "sg_beta": 0.8, "sg_tau": 0.5}
+    h = D.heldout(synthetic_steps(), default=default)
+    row = h["rules"]["the defaults, as they are (not refitted)"]
+    assert row["choice"]["sg_tau"] == 0.5 and row["choice"]["grounding"] == "rollout3_min"
+    steps = D._labelled(synthetic_steps())
+    _, held = D.split_problems(steps)
+    accepted = [0.8 * s["confidence_mean"] + 0.2 * s["g_variants"]["rollout3_min"] >= 0.5 for s in held]
+    assert row["held_out"]["accept_rate"] == pytest.approx(sum(accepted) / len(held), abs=1e-4)
