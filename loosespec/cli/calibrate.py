@@ -167,12 +167,13 @@ def calibrate(
     except ValueError as e:  # no scored steps
         raise LoosespecError(str(e)) from None
     report["command"] = " ".join(["loosespec"] + sys.argv[1:])
+    text = format_analysis(report)  # once: the diagnosis' bootstrap intervals take seconds
     if out is not None:
         from loosespec.fileio import atomic_write_text
 
         atomic_write_text(out, json.dumps(report, indent=1) + "\n")  # replaced whole: never a torn report
-        atomic_write_text(out.with_suffix(".md"), format_analysis(report) + "\n")
-    print(format_analysis(report))
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
+    print(text)
 
 
 def _calibrate_fly(

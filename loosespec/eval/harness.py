@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from loosespec.decode.stats import VLLM_NAMES
 from loosespec.errors import LoosespecError
 from loosespec.eval.results import RESULTS, ResultsFile, RunLock, _writing, score_status
 from loosespec.eval.run import Outcome, judge_output, result_row, run_method
@@ -300,6 +301,11 @@ def _run_vllm_method(
                     server.base_url, [int(i) for i in encode(problem)], **kw
                 )
                 drafts = int(delta["drafts"])
+                counts = {
+                    "drafts": drafts,
+                    "drafted_tokens": int(delta["draft_tokens"]),
+                    "accepted_tokens": int(delta["accepted"]),
+                }
                 finish(
                     problem,
                     text,
@@ -308,12 +314,9 @@ def _run_vllm_method(
                     {
                         "new_tokens": len(token_ids),
                         "rounds": drafts if drafts else len(token_ids),
-                        "drafted_tokens": int(delta["draft_tokens"]),
-                        "accepted_tokens": int(delta["accepted"]),
+                        **counts,
                         # vLLM's own names for them, as a loosespec row's stats has them (Stats.to_dict)
-                        "num_drafts": drafts,
-                        "num_draft_tokens": int(delta["draft_tokens"]),
-                        "num_accepted_tokens": int(delta["accepted"]),
+                        **{vllm: counts[ours] for vllm, ours in VLLM_NAMES.items()},
                         "wall_s": round(wall, 4),
                         "vllm_counters": delta,
                     },

@@ -431,9 +431,10 @@ def test_step_chooser_measures_both_kinds_then_runs_the_cheaper_and_remeasures_t
         kind = c.attempt()
         chosen.append(kind)
         c.record(kind, *((1.1, 10) if kind else (0.5, 10)))
-    # the target's steps are cheaper; an attempt is measured again after EXPLORE_EVERY steps without one
-    assert chosen[: StepChooser.EXPLORE_EVERY - 2] == [False] * (StepChooser.EXPLORE_EVERY - 2)
-    assert True in chosen
+    # the target's steps are cheaper; an attempt is measured again once EXPLORE_EVERY steps ran without one (the
+    # two warm-up target steps count), then the target's steps again
+    gap = StepChooser.EXPLORE_EVERY - StepChooser.WARMUP
+    assert chosen == [False] * gap + [True] + [False] * (len(chosen) - gap - 1)
     assert c.per_token(False) == pytest.approx(0.05)
     always = StepChooser("always")
     always.record(True, 100.0, 1)
