@@ -22,7 +22,7 @@ from loosespec.decode.gguf import GgufLM, is_gguf
 from loosespec.decode.kv import DEFAULT_MAX_CACHE_LEN, CachedLM, StaticCachedLM
 from loosespec.decode.loop import decode
 from loosespec.decode.stats import Stats
-from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepParts, decode_steps
+from loosespec.decode.steps import DraftEmbedder, SentenceEmbedder, StepChooser, StepParts, decode_steps
 from loosespec.decode.text import TextAssembler, encode_prompt, end_token_ids
 from loosespec.drafters import DRAFTERS, DraftParts
 from loosespec.drafters.base import Drafter
@@ -133,6 +133,7 @@ class Generation:
                 e.stop_ids,
                 generator,
                 side,
+                e.step_chooser(cfg),
             )
             chunks = decode_steps(parts, self.prompt_ids, cfg, self.stats)
         else:
@@ -261,6 +262,7 @@ class Engine:
         self.draft_stop_ids = end_token_ids(draft.model, draft.tokenizer) if draft is not None else frozenset()
         self._embedders: dict = {}
         self._costs: dict = {}
+        self._choosers: dict = {}
         self.progress = False
         self._intersection: VocabIntersection | None = None
 
@@ -338,6 +340,23 @@ class Engine:
             say = log.info if self.progress else None
             self._costs[key] = cost_curve(loaded, lm, max_n, progress=say)
         return self._costs[key]
+
+    # what a request may change without changing what a SpecGuard step costs
+    PER_REQUEST = frozenset({"max_new_tokens", "seed", "stop"})
+
+    def step_chooser(self, cfg: DecodeConfig) -> StepChooser:
+        """SpecGuard's step chooser for ``cfg``, kept across this engine's generations: one per configuration
+        (apart from the per-request max_new_tokens, seed and stop), so its measurements of what a step costs
+        carry over from one answer to the next. An adaptive generation's choices therefore depend on what the
+        engine generated before with the same configuration (``reset_step_choosers`` forgets them)."""
+        key = tuple((f, repr(getattr(cfg, f))) for f in sorted(cfg.__dataclass_fields__) if f not in self.PER_REQUEST)
+        if key not in self._choosers:
+            self._choosers[key] = StepChooser(cfg.sg_steps, cfg.sg_candidates)
+        return self._choosers[key]
+
+    def reset_step_choosers(self) -> None:
+        """Forget what SpecGuard's steps have cost: the next adaptive generation measures afresh."""
+        self._choosers.clear()
 
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

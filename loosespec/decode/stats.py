@@ -169,6 +169,11 @@ class Stats:
             "target_steps": n - accepted,
             "skipped_steps": self.skipped_steps,
             "candidates_drafted": self.candidates_drafted,
+            # attempts per number of candidates, e.g. {"1": 30, "4": 2}: what adaptive chose
+            "attempts_by_k": {
+                str(k): sum(r.get("k") == k for r in self.steps)
+                for k in sorted({r.get("k") for r in self.steps if r.get("k")})
+            },
             "step_accept_rate": round(accepted / n, 4) if n else None,
             "mean_grounding": mean("grounding"),
             "mean_confidence": mean("confidence"),

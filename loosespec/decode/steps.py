@@ -295,6 +295,60 @@ class CandidateFirst(Drafter):
         return self.rest.propose(seq, k) if self.rest is not None else EMPTY_DRAFT
 
 
+class StepChooser:
+    """How SpecGuard writes the next step: attempt it with k draft candidates (the chosen one's scores and, when it
+    is rejected, the target's verify of it), or let the target write it with the token-level drafter (lossless, no
+    candidates; k = 0), from what each way has cost per committed token.
+
+    The ways (arms) are k = 0 and k = 1 .. min(sg_candidates, 4), and sg_candidates itself. The cost of a step is
+    the modelled seconds of the forwards it ran, target and draft (the measured cost curves, :mod:`loosespec.cost`;
+    ``CachedLM.modelled_s``), so one machine makes the same choices on every run. Each arm is measured on its first
+    :data:`WARMUP` steps (sg_candidates first, down to the target alone); then the cheapest per token over its last :data:`WINDOW` steps runs, and every
+    :data:`EXPLORE_EVERY` steps the arm that ran least recently is measured again. k is chosen by cost alone: a
+    larger k buys a more consistent candidate only if that shows up as fewer rejections. The engine keeps one
+    chooser per configuration across its generations (:meth:`loosespec.decode.engine.Engine.step_chooser`), so the
+    warm-up is paid once, not per answer. ``sg_steps always`` attempts every step with sg_candidates candidates
+    (the seed's SpecGuard)."""
+
+    WARMUP = 2
+    WINDOW = 16
+    EXPLORE_EVERY = 8
+
+    def __init__(self, mode: str, candidates: int = 1):
+        self.mode, self.candidates = mode, candidates
+        self.arms = [0, *sorted(set(range(1, min(candidates, 4) + 1)) | {candidates})]
+        self.costs = {k: deque(maxlen=self.WINDOW) for k in self.arms}  # (seconds, tokens)
+        self.last = {k: 0 for k in self.arms}  # the step count when each arm last ran
+        self.since_explore = 0
+        self.step = 0
+
+    def per_token(self, k: int) -> float:
+        q = self.costs[k]
+        return sum(sec for sec, _ in q) / max(sum(n for _, n in q), 1)
+
+    def choose(self) -> int:
+        """The number of candidates for the next step; 0: the target writes it without an attempt."""
+        if self.mode == "always":
+            return self.candidates
+        for k in reversed(self.arms):  # the seed's sg_candidates first, the target alone last
+            if len(self.costs[k]) < self.WARMUP:
+                return k
+        best = min(self.arms, key=self.per_token)
+        if self.since_explore + 1 >= self.EXPLORE_EVERY:
+            return min((k for k in self.arms if k != best), key=lambda k: self.last[k])
+        return best
+
+    def record(self, k: int, seconds: float, tokens: int) -> None:
+        if self.mode == "always":
+            return
+        warming = any(len(self.costs[a]) < self.WARMUP for a in self.arms)
+        explored = warming or k != min(self.arms, key=self.per_token)  # not the exploitation step
+        self.costs[k].append((seconds, tokens))
+        self.step += 1
+        self.last[k] = self.step
+        self.since_explore = 0 if explored else self.since_explore + 1
+
+
 @dataclass
 class StepParts:
     """What SpecGuard's step loop uses of the engine, as one object."""
@@ -308,44 +362,7 @@ class StepParts:
     stop_ids: Collection[int]
     generator: torch.Generator | None
     side: DraftSide | None = None  # the draft's ids; None: the draft shares the target's tokenizer
-
-
-class StepChooser:
-    """Whether SpecGuard attempts the next step (k draft candidates, the chosen one's scores and, when it is
-    rejected, the target's verify of it) or lets the target write it with the token-level drafter (lossless, no
-    candidates), from what each kind of step has cost per committed token.
-
-    The cost of a step is the modelled seconds of the forwards it ran, target and draft (the measured cost curves,
-    :mod:`loosespec.cost`; ``CachedLM.modelled_s``), so one machine makes the same choices on every run. Each kind
-    is measured on its first :data:`WARMUP` steps; then the cheaper per token over the last :data:`WINDOW` steps of
-    each runs, and the other is measured again after :data:`EXPLORE_EVERY` steps without it. ``sg_steps always``
-    attempts every step (the seed's SpecGuard)."""
-
-    WARMUP = 2
-    WINDOW = 16
-    EXPLORE_EVERY = 8
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.costs = {True: deque(maxlen=self.WINDOW), False: deque(maxlen=self.WINDOW)}  # (seconds, tokens)
-        self.idle = {True: 0, False: 0}  # steps since each kind last ran
-
-    def per_token(self, attempt: bool) -> float:
-        q = self.costs[attempt]
-        return sum(sec for sec, _ in q) / max(sum(n for _, n in q), 1)
-
-    def attempt(self) -> bool:
-        if self.mode == "always":
-            return True
-        for kind in (True, False):
-            if len(self.costs[kind]) < self.WARMUP:
-                return kind
-        best = self.per_token(True) <= self.per_token(False)
-        return (not best) if self.idle[not best] >= self.EXPLORE_EVERY else best
-
-    def record(self, attempt: bool, seconds: float, tokens: int) -> None:
-        self.costs[attempt].append((seconds, tokens))
-        self.idle[attempt], self.idle[not attempt] = 0, self.idle[not attempt] + 1
+    chooser: StepChooser | None = None  # kept across generations by the engine; None: a fresh one
 
 
 def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
@@ -378,7 +395,7 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         stats.uncommit(len(tokens) - len(cut))  # rounds may run past the delimiter: count what is kept
         return cut
 
-    chooser = StepChooser(cfg.sg_steps)
+    chooser = parts.chooser or StepChooser(cfg.sg_steps, cfg.sg_candidates)
 
     def spent() -> float:
         return target.modelled_s + draft.modelled_s
@@ -386,9 +403,10 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
     while produced < cfg.max_new_tokens:
         cap = min(cfg.sg_max_step_tokens, cfg.max_new_tokens - produced)
         before = spent()
-        if not chooser.attempt():  # the target writes this step with --drafter and sg_verify's rule: no candidates
+        k = chooser.choose()
+        if k == 0:  # the target writes this step with --drafter and sg_verify's rule: no candidates
             tokens = target_step(drafter, cap)
-            chooser.record(False, spent() - before, len(tokens))
+            chooser.record(0, spent() - before, len(tokens))
             stats.skipped_steps += 1
             seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
             produced += len(tokens)
@@ -399,18 +417,19 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         dseq = side.to_draft(seq)
         # 1. k candidates from the draft, the first greedy
         if cfg.sg_batch_candidates:
-            cands = draft_candidates(draft, dseq, cfg.sg_candidates, cap, cfg.sg_temperature, generator, draft_done)
+            cands = draft_candidates(draft, dseq, k, cap, cfg.sg_temperature, generator, draft_done)
         else:
             cands = [
                 draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
-                for i in range(cfg.sg_candidates)
+                for i in range(k)
             ]
         # 2. the most consistent one: by what the candidates say (embeddings) or where they look (attention)
-        if cfg.sg_select == "attention" and len(cands) > 2:
-            vectors = torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands])
+        if len(cands) <= 2:  # nothing to choose between: the first (greedy) one, as medoid() would keep
+            best = cands[0]
+        elif cfg.sg_select == "attention":
+            best = cands[medoid(torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands]))]
         else:
-            vectors = embed(cands, [side.detokenize(c.tokens) for c in cands])
-        best = cands[medoid(vectors)]
+            best = cands[medoid(embed(cands, [side.detokenize(c.tokens) for c in cands]))]
         # 3. its scores
         g = grounding(draft, dseq, best.tokens)
         c = step_confidence(best.logprobs, cfg.sg_confidence)
@@ -428,6 +447,7 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
             "confidence_min": step_confidence(best.logprobs, "min"),
             "confidence_mean": step_confidence(best.logprobs, "mean"),
             "candidate": list(step),
+            "k": len(cands),  # candidates drafted for this step (sg_steps adaptive chooses it)
         }
         # 4. accept: the draft's step, no target forward
         if record["accepted"]:
@@ -442,7 +462,7 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
             )
         record["written"] = len(tokens)
         stats.record_step(record, candidates=len(cands))
-        chooser.record(True, spent() - before, len(tokens))
+        chooser.record(k, spent() - before, len(tokens))
         seq = torch.cat([seq, torch.tensor(tokens, dtype=torch.long)])
         produced += len(tokens)
         yield tokens

@@ -178,6 +178,8 @@ def speculative_metrics(result_stats, cfg: DecodeConfig) -> dict:
         "steps",
         "accepted_steps",
         "target_steps",
+        "skipped_steps",
+        "attempts_by_k",
         "candidates_drafted",
         "step_accept_rate",
         "mean_grounding",

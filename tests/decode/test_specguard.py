@@ -345,6 +345,7 @@ def test_attention_selection_picks_the_candidate_looking_where_the_others_look(t
             sg_delimiter="\n",
             sg_max_step_tokens=8,
             has_draft_model=True,
+            sg_steps="always",
         ),
         raw=True,
     )
@@ -418,40 +419,73 @@ def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
     )
 
 
-def test_step_chooser_measures_both_kinds_then_runs_the_cheaper_and_remeasures_the_other():
-    c = StepChooser("adaptive")
+def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_the_others():
+    c = StepChooser("adaptive", candidates=4)
+    assert c.arms == [0, 1, 2, 3, 4]  # the target alone, then 1..4 candidates
+    price = {0: 0.5, 1: 0.4, 2: 0.8, 3: 1.0, 4: 1.2}  # seconds per 10-token step: one candidate is cheapest
     order = []
-    for cost in ((1.0, 10), (1.2, 10), (0.5, 10), (0.5, 10)):  # attempts 0.11 s/token, target steps 0.05
-        kind = c.attempt()
-        order.append(kind)
-        c.record(kind, *cost)
-    assert order == [True, True, False, False]  # WARMUP steps of each kind first
+    for _ in range(len(c.arms) * StepChooser.WARMUP):
+        k = c.choose()
+        order.append(k)
+        c.record(k, price[k], 10)
+    # WARMUP steps of each arm first, the seed's 4 candidates first and the target alone last
+    assert order == [k for k in reversed(c.arms) for _ in range(StepChooser.WARMUP)]
     chosen = []
-    for _ in range(StepChooser.EXPLORE_EVERY + 2):
-        kind = c.attempt()
-        chosen.append(kind)
-        c.record(kind, *((1.1, 10) if kind else (0.5, 10)))
-    # the target's steps are cheaper; an attempt is measured again once EXPLORE_EVERY steps ran without one (the
-    # two warm-up target steps count), then the target's steps again
-    gap = StepChooser.EXPLORE_EVERY - StepChooser.WARMUP
-    assert chosen == [False] * gap + [True] + [False] * (len(chosen) - gap - 1)
-    assert c.per_token(False) == pytest.approx(0.05)
-    always = StepChooser("always")
-    always.record(True, 100.0, 1)
-    assert all(always.attempt() for _ in range(5))
+    for _ in range(3 * StepChooser.EXPLORE_EVERY):
+        k = c.choose()
+        chosen.append(k)
+        c.record(k, price[k], 10)
+    # the cheapest runs; every EXPLORE_EVERY-th step measures the arm that ran least recently again (the one warmed
+    # up first), in turn
+    explore = StepChooser.EXPLORE_EVERY - 1
+    assert chosen[:explore] == [1] * explore and chosen[explore] == 4
+    assert chosen[explore + 1 : 2 * explore + 1] == [1] * explore and chosen[2 * explore + 1] == 3
+    assert chosen.count(1) == len(chosen) - 3
+    assert c.per_token(1) == pytest.approx(0.04)
+    always = StepChooser("always", candidates=4)
+    always.record(4, 100.0, 1)
+    assert all(always.choose() == 4 for _ in range(5))
+    assert StepChooser("adaptive", candidates=1).arms == [0, 1]
+    assert StepChooser("adaptive", candidates=8).arms == [0, 1, 2, 3, 4, 8]
+
+
+def test_the_engine_keeps_the_step_chooser_across_generations(smol_engine):
+    """The warm-up is paid once per configuration, not per answer: a second generation with the same settings
+    (another max_new_tokens and seed) gets the same chooser; another configuration its own; reset forgets."""
+    smol_engine.reset_step_choosers()
+    cfg = DecodeConfig.create("specguard", "ngram", **{**SG, "sg_steps": "adaptive"})
+    first = smol_engine.generate(QUESTION, cfg)
+    chooser = smol_engine.step_chooser(cfg)
+    measured = sum(len(q) for q in chooser.costs.values())
+    assert measured == first.stats.to_dict()["steps"] + first.stats.skipped_steps >= 1
+    again = DecodeConfig.create("specguard", "ngram", **{**SG, "sg_steps": "adaptive", "max_new_tokens": 30, "seed": 3})
+    assert smol_engine.step_chooser(again) is chooser
+    second = smol_engine.generate(QUESTION, again)
+    assert sum(len(q) for q in chooser.costs.values()) == min(
+        measured + second.stats.to_dict()["steps"] + second.stats.skipped_steps, StepChooser.WINDOW * len(chooser.arms)
+    )
+    other = DecodeConfig.create("specguard", "ngram", **{**SG, "sg_steps": "adaptive", "sg_tau": 0.5})
+    assert smol_engine.step_chooser(other) is not chooser
+    smol_engine.reset_step_choosers()
+    assert smol_engine.step_chooser(cfg) is not chooser
 
 
 def test_adaptive_steps_leave_dear_steps_to_the_target_losslessly(smol_engine, monkeypatch):
-    """Attempts made to look dear: after the warm-up the target writes the steps itself (with --drafter, exact),
-    so at tau above 1 (every attempt rejected too) the output is still the target's greedy one; the summary says
-    how many steps were never attempted."""
-    monkeypatch.setattr(StepChooser, "per_token", lambda self, attempt: 1.0 if attempt else 0.1)
-    kw = {**SG, "sg_steps": "adaptive", "max_new_tokens": 40}
+    """Attempts made to look dear (and already measured, as after earlier answers): the target writes the steps
+    itself (with --drafter, exact), so at tau above 1 (every attempt rejected too) the output is still the target's
+    greedy one; the summary says how many steps were never attempted."""
+    monkeypatch.setattr(StepChooser, "per_token", lambda self, k: 1.0 if k else 0.1)
+    smol_engine.reset_step_choosers()
+    kw = {**SG, "sg_steps": "adaptive", "max_new_tokens": 60, "sg_delimiter": " "}  # a step per word: many steps
+    cfg = DecodeConfig.create("specguard", "ngram", sg_tau=1.01, **kw)
+    chooser = smol_engine.step_chooser(cfg)
+    for k in chooser.arms[1:]:  # every attempt arm warmed up
+        chooser.costs[k].extend([(1.0, 1)] * StepChooser.WARMUP)
     ar = smol_engine.generate(QUESTION, DecodeConfig.create("ar", max_new_tokens=kw["max_new_tokens"]))
-    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=1.01, **kw))
+    r = smol_engine.generate(QUESTION, cfg)
     s = r.stats.to_dict()
     assert r.token_ids == ar.token_ids
-    assert s["skipped_steps"] >= 1 and s["steps"] >= StepChooser.WARMUP
-    # after the warm-up, attempts only every EXPLORE_EVERY steps
-    assert s["steps"] <= StepChooser.WARMUP + s["skipped_steps"] // StepChooser.EXPLORE_EVERY + 1
+    assert s["skipped_steps"] >= StepChooser.WARMUP + 1  # the target's own warm-up, then its steps
+    # attempts only every EXPLORE_EVERY steps, to measure them again
+    assert 1 <= s["steps"] <= (s["skipped_steps"] + s["steps"]) // StepChooser.EXPLORE_EVERY
     assert_counts_only_committed(r)

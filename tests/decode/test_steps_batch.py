@@ -56,7 +56,7 @@ def test_rows_that_stop_early_keep_their_own_tokens_and_states(tiny_engine):
 
 
 def test_specguard_drafts_with_fewer_forwards_batched(tiny_engine):
-    base = dict(max_new_tokens=24, sg_candidates=4, sg_max_step_tokens=6, sg_tau=0.0, seed=0)
+    base = dict(max_new_tokens=24, sg_candidates=4, sg_max_step_tokens=6, sg_tau=0.0, seed=0, sg_steps="always")
     forwards = {}
     for batched in (True, False):
         cfg = DecodeConfig.create("specguard", None, has_draft_model=True, sg_batch_candidates=batched, **base)
