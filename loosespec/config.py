@@ -310,7 +310,7 @@ class DecodeConfig:
         le=1.0,
     )
     # cost-aware draft length (loosespec.decode.draftlen): each round drafts 0..K tokens, as far as it pays;
-    # False drafts K every round (paper-faithful runs). Token-level methods only: SpecGuard's steps keep K
+    # False drafts K every round (paper-faithful runs). SpecGuard: the drafter of the steps the target writes
     adaptive_draft_length: bool = knob(
         True,
         "Cost-aware draft length: each round drafts 0..K tokens, as far as the measured forward costs and "

@@ -410,9 +410,9 @@ class Engine:
             drafter = IntersectionDrafter(drafter, self.bridge, self.intersection())
         elif self.bridge is not None and with_model:
             drafter = BridgedDrafter(drafter, self.bridge, self.draft_stop_ids)
-        if drafter is not None and cfg.adaptive_draft_length and not method.step_level:
-            # SpecGuard's target steps draft from the rejected candidate first (specguard.CandidateFirst),
-            # which no per-round estimate describes: they keep K
+        if drafter is not None and cfg.adaptive_draft_length:
+            # SpecGuard's target steps too: a step it leaves to the target is a token-level decode like any other,
+            # and a rejected candidate's step drafts from the candidate first (steps.CandidateFirst), then from this
             drafter = self._cost_aware(drafter, cfg, generator)
         return drafter, method.make_rule(cfg, sampling, generator, prompt_ids), generator
 

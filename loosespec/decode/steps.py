@@ -286,13 +286,23 @@ class CandidateFirst(Drafter):
     def __init__(self, candidate: list[int], start: int, rest: Drafter | None):
         self.candidate = torch.tensor(candidate, dtype=torch.long)
         self.start, self.rest = start, rest
+        self.from_rest = False  # the last proposal was the rest's: its outcome is the rest's to learn
 
     def propose(self, seq: torch.Tensor, k: int) -> Draft:
         written = seq[self.start :]
         n = written.shape[0]
+        self.from_rest = False
         if n < self.candidate.shape[0] and torch.equal(written, self.candidate[:n]):
             return Draft(self.candidate[n : n + k])
-        return self.rest.propose(seq, k) if self.rest is not None else EMPTY_DRAFT
+        if self.rest is None:
+            return EMPTY_DRAFT
+        self.from_rest = True
+        return self.rest.propose(seq, k)
+
+    def feedback(self, drafted: int, accepted: int, first_miss=None) -> None:
+        """The rest (the cost-aware draft length's estimates) learns from its own rounds, not the candidate's."""
+        if self.from_rest:
+            self.rest.feedback(drafted, accepted, first_miss)
 
 
 class StepChooser:

@@ -146,6 +146,12 @@ def test_candidate_embedding_is_over_its_own_tokens(tiny_engine):
 class _Rest(Drafter):
     name = "rest"
 
+    def __init__(self):
+        self.heard = []
+
+    def feedback(self, drafted, accepted, first_miss=None):
+        self.heard.append((drafted, accepted))
+
     def propose(self, seq, k):
         from loosespec.drafters import Draft
 
@@ -159,6 +165,32 @@ def test_candidate_first_drafts_the_candidate_until_the_target_diverges():
     assert d.propose(torch.tensor([7, 7, 1, 8]), 3).tokens.tolist() == [99, 99, 99]  # diverged: the drafter
     assert d.propose(torch.tensor([7, 7, 1, 2, 3, 4, 5]), 2).tokens.tolist() == [99, 99]  # used up
     assert len(CandidateFirst([1], start=0, rest=None).propose(torch.tensor([2]), 3)) == 0
+
+
+def test_candidate_first_passes_on_only_the_rounds_the_rest_drafted():
+    """The rest is the cost-aware draft length: its acceptance estimate learns from its own proposals only, not
+    from the rounds that verified the candidate."""
+    rest = _Rest()
+    d = CandidateFirst([1, 2, 3], start=1, rest=rest)
+    d.propose(torch.tensor([7]), 3)
+    d.feedback(3, 1)  # the candidate's round
+    d.propose(torch.tensor([7, 1, 8]), 2)
+    d.feedback(2, 0)  # the rest's round
+    assert rest.heard == [(2, 0)]
+
+
+def test_specguard_target_steps_use_the_cost_aware_draft_length(smol_engine):
+    """The steps the target writes draft with the cost-aware length (not K every round), as exact-mla does."""
+    kw = dict(max_new_tokens=40, has_draft_model=True, num_draft_tokens=15, sg_tau=1.01, sg_steps="always")
+    r = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "mla", sg_delimiter=".", **kw))
+    lengths = r.stats.to_dict()["draft_length_histogram"]
+    assert r.stats.to_dict()["target_steps"] >= 1
+    assert sum(n for k, n in lengths.items() if k != "15") > 1  # the candidate's rounds propose K, the rest choose
+    fixed = smol_engine.generate(
+        QUESTION, DecodeConfig.create("specguard", "mla", sg_delimiter=".", adaptive_draft_length=False, **kw)
+    )
+    fixed_lengths = fixed.stats.to_dict()["draft_length_histogram"]
+    assert sum(n for k, n in fixed_lengths.items() if k != "15") <= 1  # K, but where the budget's end cuts it
 
 
 def test_config_validation():
