@@ -305,9 +305,10 @@ evidence-mgsm: evidence-models
 	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) --max-new-tokens 384 \
 		--methods $(EVID_MGSM_METHODS) --out $(EVIDENCE_DIR)/mgsm
 EVID_MATH_N ?= 50
+EVID_MATH_METHODS ?= ar,fly-mla,specguard
 evidence-math500: evidence-models
 	$(BIN)/loosespec bench $(EVID_PRECISION) --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 \
-		--methods ar,fly-mla,specguard --out $(EVIDENCE_DIR)/math500
+		--methods $(EVID_MATH_METHODS) --out $(EVIDENCE_DIR)/math500
 # NIAH over the Paul Graham essays (not shipped: EVID_DATA is a folder holding paul_graham_essays.jsonl)
 EVID_DATA ?= ../shared/data
 evidence-niah: evidence-models

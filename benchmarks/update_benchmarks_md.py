@@ -13,7 +13,8 @@ holds ``benchmarks/cpu_acceptance.py DIR`` (speed per category and the checks) a
 ``<!-- fly-default DIR -->`` .. ``<!-- end fly-default -->`` ``benchmarks/fly_acceptance.py DIR`` (FLy's default
 against exact's, per category, and issue 41's checks), ``<!-- forward DIR -->`` .. ``<!-- end forward -->``
 ``benchmarks/forward_compare.py DIR`` and ``<!-- forward-cost FILE -->`` .. ``<!-- end forward-cost -->`` the table of
-``benchmarks/forward_cost.py``'s JSON (issue 42), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
+``benchmarks/forward_cost.py``'s JSON (issue 42), ``<!-- steps DIR -->`` .. ``<!-- end steps -->`` how SpecGuard
+wrote its steps in DIR's rows (issue 47), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
 method's outputs open and end (``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
 ``results.jsonl`` files:
 
@@ -44,6 +45,7 @@ CALIBRATION = re.compile(r"(<!-- calibration (\S+) -->\n)(.*?)(<!-- end calibrat
 FLY_DEFAULT = re.compile(r"(<!-- fly-default (\S+) -->\n)(.*?)(<!-- end fly-default -->)", re.DOTALL)
 FORWARD = re.compile(r"(<!-- forward (\S+) -->\n)(.*?)(<!-- end forward -->)", re.DOTALL)
 FORWARD_COST = re.compile(r"(<!-- forward-cost (\S+) -->\n)(.*?)(<!-- end forward-cost -->)", re.DOTALL)
+STEPS = re.compile(r"(<!-- steps (\S+) -->\n)(.*?)(<!-- end steps -->)", re.DOTALL)
 
 
 def calibration_table(path: Path) -> str:
@@ -149,7 +151,13 @@ def render(md: str) -> str:
         text = forward_cost_render(json.loads((ROOT / m.group(2)).read_text(encoding="utf-8")))
         return m.group(1) + "\n" + text.split("\n", 2)[2].strip() + "\n\n" + m.group(4)
 
-    md = FORWARD_COST.sub(forward_cost, FORWARD.sub(forward, md))
+    def steps(m: re.Match) -> str:  # how SpecGuard wrote its steps (loosespec.eval.specguard_diag)
+        from loosespec.eval.specguard_diag import step_use_table
+
+        rows = ResultsFile(ROOT / m.group(2) / RESULTS).read()
+        return m.group(1) + "\n" + step_use_table(rows) + "\n\n" + m.group(4)
+
+    md = STEPS.sub(steps, FORWARD_COST.sub(forward_cost, FORWARD.sub(forward, md)))
     md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
     return FLY_DEFAULT.sub(fly_default, CALIBRATION.sub(calibration, md))

@@ -388,7 +388,7 @@ class DecodeConfig:
         le=64,
     )
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
-    sg_candidates: int = knob(4, "draft candidates per step, the first greedy.", lossy="SpecGuard", ge=1, le=16)
+    sg_candidates: int = knob(4, "candidates per step (at most), the first greedy.", lossy="SpecGuard", ge=1, le=16)
     sg_temperature: float = knob(
         0.7,
         "sampling temperature of the other candidates (> 0: the first candidate is always greedy).",
@@ -459,8 +459,9 @@ class DecodeConfig:
     sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
     sg_steps: str = knob(
         "adaptive",
-        "adaptive: attempt a step only while attempts cost less per token than the target writing steps with "
-        "--drafter (modelled from the measured forward costs) | always: every step, as the seed.",
+        "adaptive: per step, the target writing it with --drafter or an attempt with 1..min(4, --sg-candidates) "
+        "candidates, whichever costs least per token (modelled from the measured forward costs, kept across the "
+        "engine's answers) | always: every step with --sg-candidates, as the seed.",
         lossy="SpecGuard",
         choices=SG_STEPS,
     )

@@ -392,3 +392,27 @@ def format_heldout(h: dict) -> str:
             f"{_f(fit['auc'])} / {_f(held['auc'])} |"
         )
     return "\n".join(lines)
+
+
+def step_use_table(rows: Sequence[dict]) -> str:
+    """How SpecGuard wrote its steps in a bench run's rows (``results.jsonl``), per SpecGuard method: the steps the
+    target wrote alone (``sg_steps adaptive`` found attempts dearer there), the attempts by number of candidates,
+    and how many attempts kept the draft's step. What actually ran, beside the speed and accuracy tables."""
+    lines = [
+        "| method | answers | steps | target alone | attempted | attempts by candidates | draft's step kept |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    methods = sorted({r["method"] for r in rows if r["stats"].get("steps") is not None})
+    for m in methods:
+        mine = [r["stats"] for r in rows if r["method"] == m]
+        attempted = sum(s.get("steps") or 0 for s in mine)
+        alone = sum(s.get("skipped_steps") or 0 for s in mine)
+        kept = sum(s.get("accepted_steps") or 0 for s in mine)
+        by_k: dict[int, int] = {}
+        for s in mine:
+            for k, n in (s.get("attempts_by_k") or {}).items():
+                by_k[int(k)] = by_k.get(int(k), 0) + n
+        ks = ", ".join(f"{k}: {n}" for k, n in sorted(by_k.items())) or "-"
+        share = f"{kept} ({kept / attempted:.2f})" if attempted else "0"
+        lines.append(f"| {m} | {len(mine)} | {attempted + alone} | {alone} | {attempted} | {ks} | {share} |")
+    return "\n".join(lines)

@@ -120,3 +120,24 @@ def test_heldout_scores_the_defaults_as_they_are():
     _, held = D.split_problems(steps)
     accepted = [0.8 * s["confidence_mean"] + 0.2 * s["g_variants"]["rollout3_min"] >= 0.5 for s in held]
     assert row["held_out"]["accept_rate"] == pytest.approx(sum(accepted) / len(held), abs=1e-4)
+
+
+def test_step_use_table_counts_what_each_specguard_method_ran():
+    from loosespec.eval.specguard_diag import step_use_table
+
+    rows = [
+        {"method": "ar", "stats": {"new_tokens": 9}},
+        {
+            "method": "specguard",
+            "stats": {"steps": 3, "skipped_steps": 5, "accepted_steps": 2, "attempts_by_k": {"1": 2, "4": 1}},
+        },
+        {
+            "method": "specguard",
+            "stats": {"steps": 1, "skipped_steps": 7, "accepted_steps": 0, "attempts_by_k": {"1": 1}},
+        },
+        {"method": "specguard@x", "stats": {"steps": 0, "skipped_steps": 4, "accepted_steps": 0, "attempts_by_k": {}}},
+    ]
+    lines = step_use_table(rows).splitlines()
+    assert lines[2] == "| specguard | 2 | 16 | 12 | 4 | 1: 3, 4: 1 | 2 (0.50) |"
+    assert lines[3] == "| specguard@x | 1 | 4 | 4 | 0 | - | 0 |"
+    assert len(lines) == 4  # ar wrote no steps: no line
