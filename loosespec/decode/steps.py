@@ -2,10 +2,13 @@
 
 methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
 
-1. draft ``sg_candidates`` candidates with the draft model (the first greedy, the others sampled
+0. ``sg_steps adaptive`` (default): :class:`StepChooser` decides whether to attempt the step and with how many
+   candidates k, or to let the target write it (step 5, no candidates); ``always``: k = ``sg_candidates``;
+1. draft k candidates with the draft model (the first greedy, the others sampled
    at ``sg_temperature`` from the seeded generator), each up to the delimiter, as one batch (one
    draft forward per position for all of them; ``sg_batch_candidates=False``: one after another);
-2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`);
+2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`; with one or two
+   candidates, the first);
 3. score it: grounding G from one eager-attention forward of the draft over the step, confidence
    C from the log-probs the draft produced while writing it;
 4. accept it iff S = beta C + (1 - beta) G >= tau: its tokens are committed without any target
@@ -313,8 +316,9 @@ class StepChooser:
     The ways (arms) are k = 0 and k = 1 .. min(sg_candidates, 4), and sg_candidates itself. The cost of a step is
     the modelled seconds of the forwards it ran, target and draft (the measured cost curves, :mod:`loosespec.cost`;
     ``CachedLM.modelled_s``), so one machine makes the same choices on every run. Each arm is measured on its first
-    :data:`WARMUP` steps (sg_candidates first, down to the target alone); then the cheapest per token over its last :data:`WINDOW` steps runs, and every
-    :data:`EXPLORE_EVERY` steps the arm that ran least recently is measured again. k is chosen by cost alone: a
+    :data:`WARMUP` steps (sg_candidates first, down to the target alone); then the cheapest per token over its last
+    :data:`WINDOW` steps runs, and every :data:`EXPLORE_EVERY` steps the arm that ran least recently is measured
+    again. k is chosen by cost alone: a
     larger k buys a more consistent candidate only if that shows up as fewer rejections. The engine keeps one
     chooser per configuration across its generations (:meth:`loosespec.decode.engine.Engine.step_chooser`), so the
     warm-up is paid once, not per answer. ``sg_steps always`` attempts every step with sg_candidates candidates
