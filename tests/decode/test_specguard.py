@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from loosespec import DecodeConfig
-from loosespec.decode.steps import CandidateFirst, StepChooser, draft_candidate
+from loosespec.decode.steps import CandidateFirst, StepChooser, draft_candidate, draft_candidates
 from loosespec.drafters.base import Drafter
 from loosespec.errors import LoosespecError
 from loosespec.verify.grounding import (
     accept_step,
     attention_rollout,
+    both_agree,
     grounding_from_step_rows,
     grounding_score,
     medoid,
@@ -86,6 +87,10 @@ def test_scores_and_acceptance_on_synthetic_values():
     assert accept_step(0.0, 0.0)  # tau = 0 accepts everything
     assert accept_step(0.5, 0.5)  # at the threshold: accepted
     assert not accept_step(1.0, 1.01)  # tau above 1 rejects everything
+    # the seed's rule: both signals must clear their own threshold, whatever their weighted sum
+    assert (
+        both_agree(0.5, 0.4, 0.5, 0.4) and not both_agree(0.49, 1.0, 0.5, 0.4) and not both_agree(1.0, 0.39, 0.5, 0.4)
+    )
     assert step_score(0.2, 0.9, beta=1.0) == 0.2 and step_score(0.2, 0.9, beta=0.0) == 0.9
 
 
@@ -204,11 +209,48 @@ def test_config_validation():
         dict(sg_on_reject="skip"),
         dict(sg_verify="loose"),
         dict(sg_max_step_tokens=0),
+        dict(sg_first="best"),
+        dict(sg_decision="either"),
+        dict(sg_decision="both", sg_grounding_tau=-0.1),
+        dict(sg_grounding_tau=0.3),  # a G threshold the weighted rule would not read
     ):
         with pytest.raises(LoosespecError):
             DecodeConfig.create("specguard", "ngram", **bad)
     cfg = DecodeConfig.create("specguard", has_draft_model=True)
     assert cfg.lossy and cfg.drafter == "mla" and cfg.to_dict()["sg_tau"] == cfg.sg_tau
+
+
+def test_the_rule_knobs_left_unset_take_the_calibrated_rule_of_the_selection_and_decision():
+    from loosespec.presets import SG_RULES
+
+    for (select, decision), rule in SG_RULES.items():
+        cfg = DecodeConfig.create("specguard", "ngram", sg_select=select, sg_decision=decision)
+        assert {k: getattr(cfg, k) for k in rule} == rule
+        assert (cfg.sg_grounding_tau is None) == (decision == "weighted")
+    # what is given stays as given; the rest comes from the rule
+    cfg = DecodeConfig.create("specguard", "ngram", sg_decision="both", sg_tau=0.6)
+    assert cfg.sg_tau == 0.6 and cfg.sg_grounding_tau == SG_RULES[("embedding", "both")]["sg_grounding_tau"]
+    assert cfg.to_dict()["sg_decision"] == "both" and cfg.to_dict()["sg_grounding_tau"] == cfg.sg_grounding_tau
+
+
+def test_the_first_candidate_is_greedy_or_sampled(tiny_engine):
+    """sg_first sampled (the seed's): the first candidate is drawn at the temperature like the others."""
+    lm = tiny_engine.draft_lm
+    seq = torch.tensor([5, 6, 7, 8, 9, 10, 11], dtype=torch.long)
+    greedy = draft_candidate(lm, seq, 10, 0.0, None, lambda t: False).tokens
+    for count in (1, 3):
+        kept = [
+            draft_candidates(lm, seq, count, 10, 1.5, torch.Generator().manual_seed(s), lambda t: False)[0].tokens
+            for s in range(4)
+        ]
+        assert all(t == greedy for t in kept)
+        firsts = [
+            draft_candidates(lm, seq, count, 10, 1.5, torch.Generator().manual_seed(s), lambda t: False, False)[
+                0
+            ].tokens
+            for s in range(4)
+        ]
+        assert any(t != greedy for t in firsts) and len({tuple(t) for t in firsts}) > 1
 
 
 def test_specguard_needs_a_draft_model(smol_engine):
@@ -234,6 +276,21 @@ def test_confidence_variant_is_a_knob_the_step_loop_uses(smol_engine):
     assert [r["grounding"] for r in recs["min"]] == [r["grounding"] for r in recs["mean"]]  # same steps (tau 0)
     assert all(m["confidence"] <= a["confidence"] + 1e-9 for m, a in zip(recs["min"], recs["mean"]))
     assert any(m["confidence"] < a["confidence"] for m, a in zip(recs["min"], recs["mean"]))
+
+
+def test_the_seeds_rule_accepts_a_step_iff_both_signals_clear_their_thresholds(smol_engine):
+    """sg_decision both: C >= sg_tau and G >= sg_grounding_tau decide, not S."""
+    base = dict(SG, max_new_tokens=40)
+    seen = smol_engine.generate(QUESTION, DecodeConfig.create("specguard", "ngram", sg_tau=0.0, **base)).stats.steps
+    runs = {}
+    # at its own G the first step passes; above 1 (G is a share of attention mass) every step fails on G alone
+    for g_tau in (seen[0]["grounding"], 1.01):
+        cfg = DecodeConfig.create("specguard", "ngram", sg_decision="both", sg_tau=0.0, sg_grounding_tau=g_tau, **base)
+        runs[g_tau] = smol_engine.generate(QUESTION, cfg).stats.steps
+        assert runs[g_tau] and all(r["accepted"] == (r["grounding"] >= g_tau) for r in runs[g_tau])  # C >= 0 always
+    assert runs[seen[0]["grounding"]][0]["accepted"]
+    # the weighted rule at S's threshold 0 would have accepted every step the seed's rule refused
+    assert not any(r["accepted"] for r in runs[1.01]) and all(r["score"] >= 0.0 for r in runs[1.01])
 
 
 def test_tau_zero_accepts_every_draft_step(smol_engine):
@@ -453,8 +510,8 @@ def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
 
 def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_the_others():
     c = StepChooser("adaptive", candidates=4)
-    assert c.arms == [0, 1, 2, 3, 4]  # the target alone, then 1..4 candidates
-    price = {0: 0.5, 1: 0.4, 2: 0.8, 3: 1.0, 4: 1.2}  # seconds per 10-token step: one candidate is cheapest
+    assert c.arms == [0, 1, 3, 4]  # the target alone, then 1, 3 and 4 candidates (two have no medoid)
+    price = {0: 0.5, 1: 0.4, 3: 1.0, 4: 1.2}  # seconds per 10-token step: one candidate is cheapest
     order = []
     for _ in range(len(c.arms) * StepChooser.WARMUP):
         k = c.choose()
@@ -478,7 +535,8 @@ def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_t
     always.record(4, 100.0, 1)
     assert all(always.choose() == 4 for _ in range(5))
     assert StepChooser("adaptive", candidates=1).arms == [0, 1]
-    assert StepChooser("adaptive", candidates=8).arms == [0, 1, 2, 3, 4, 8]
+    assert StepChooser("adaptive", candidates=2).arms == [0, 1]  # the second of two would be drafted for nothing
+    assert StepChooser("adaptive", candidates=8).arms == [0, 1, 3, 4, 8]
 
 
 def test_the_engine_keeps_the_step_chooser_across_generations(smol_engine):

@@ -145,13 +145,48 @@ def test_specguard_defaults_are_the_committed_calibrations_choice():
     """The defaults come from `make calibrate-specguard`'s committed run, re-analysed from its step records."""
     from pathlib import Path
 
-    from loosespec.config import knob_default
+    from loosespec.config import DecodeConfig
+    from loosespec.presets import SG_RULES
 
     rep = json.loads((Path(__file__).resolve().parents[2] / "results/calibration/specguard.json").read_text())
     assert {s["problem"].split("/")[0] for s in rep["steps"]} == {"gsm8k-train"} and len(rep["steps"]) >= 200
     choice = analyse_report(rep)["choice"]
-    assert (knob_default("sg_confidence"), knob_default("sg_beta"), knob_default("sg_tau")) == (
+    rule = SG_RULES[("embedding", "weighted")]
+    assert (rule["sg_confidence"], rule["sg_beta"], rule["sg_tau"]) == (
         choice["sg_confidence"],
         choice["sg_beta"],
         choice["sg_tau"],
     )
+    cfg = DecodeConfig(method="specguard")  # what an unset rule runs
+    assert (cfg.sg_select, cfg.sg_decision, cfg.sg_tau, cfg.sg_beta) == ("embedding", "weighted", rule["sg_tau"], 0.8)
+
+
+@pytest.mark.parametrize("select", ["embedding", "attention"])
+def test_specguard_rules_are_the_held_out_calibrations_choices(select):
+    """Every other rule is what the held-out calibration of its selection chose on its fit problems with SpecGuard's
+    G (so its held-out scores are those of what ships), re-read from the committed step records."""
+    from pathlib import Path
+
+    from loosespec.eval.specguard_diag import BOTH_SHIPPED, WEIGHTED_SHIPPED, heldout
+    from loosespec.presets import SG_RULES
+
+    name = "specguard-heldout" if select == "embedding" else f"specguard-{select}-heldout"
+    rep = json.loads((Path(__file__).resolve().parents[2] / f"results/calibration/{name}.json").read_text())
+    assert rep["config"]["sg_select"] == select and rep["problems"] >= 70 and len(rep["steps"]) >= 300
+    rules = heldout(rep["steps"])["rules"]
+    weighted = SG_RULES[(select, "weighted")]
+    if select != "embedding":  # embedding's weighted rule: the first calibration's (above)
+        w = rules[WEIGHTED_SHIPPED]["choice"]
+        assert weighted == {
+            "sg_confidence": w["sg_confidence"],
+            "sg_beta": w["sg_beta"],
+            "sg_tau": w["sg_tau"],
+            "sg_grounding_tau": None,
+        }
+    b = rules[BOTH_SHIPPED]["choice"]
+    assert SG_RULES[(select, "both")] == {
+        "sg_confidence": b["sg_confidence"],
+        "sg_beta": weighted["sg_beta"],  # only weighs the S that step records report
+        "sg_tau": b["tau_c"],
+        "sg_grounding_tau": b["tau_g"],
+    }

@@ -85,15 +85,19 @@ def test_heldout_chooses_on_the_fit_problems_and_scores_the_others():
     assert {s["problem"] for s in fit} == {f"p{i}" for i in range(18)} and len(fit) + len(held) == len(steps)
     h = D.heldout(steps)
     assert (h["fit_problems"], h["held_out_problems"]) == (18, 12)
-    weighted = h["rules"]["weighted (S = beta C + (1 - beta) G)"]
+    weighted = h["rules"][D.WEIGHTED_ANY]
     assert weighted["choice"]["grounding"] == "last_mean" and weighted["choice"]["sg_beta"] < 0.5
     assert weighted["held_out"]["precision"] > 0.9 and weighted["held_out"]["auc"] > 0.9
-    both = h["rules"]["both agree (C >= tau_c and G >= tau_g)"]
+    both = h["rules"][D.BOTH_ANY]
     assert both["choice"]["grounding"] == "last_mean" and both["held_out"]["precision"] > 0.9
+    # the rules a default can ship use SpecGuard's own G, which tracks length here and carries nothing
+    shipped_w, shipped_b = h["rules"][D.WEIGHTED_SHIPPED], h["rules"][D.BOTH_SHIPPED]
+    assert shipped_w["choice"]["grounding"] == shipped_b["choice"]["grounding"] == D.SPECGUARD_G
+    assert shipped_w["held_out"]["auc"] < weighted["held_out"]["auc"] - 0.2
     alone = h["rules"]["confidence alone (beta 1)"]
     assert alone["held_out"]["auc"] < 0.7  # confidence is noise here
     text = D.format_heldout(h)
-    assert "| both agree (C >= tau_c and G >= tau_g) | C_" in text and "last_mean >= " in text
+    assert f"| {D.BOTH_ANY} | C_" in text and "last_mean >= " in text and f"| {D.BOTH_SHIPPED} | C_" in text
 
 
 def test_steps_without_variants_are_left_out_and_none_is_an_error():
@@ -114,7 +118,8 @@ def test_heldout_needs_both_labels_on_the_fit_part():
 def test_heldout_scores_the_defaults_as_they_are():
     default = {"sg_confidence": "mean", "sg_beta": 0.8, "sg_tau": 0.5}
     h = D.heldout(synthetic_steps(), default=default)
-    row = h["rules"]["the defaults, as they are (not refitted)"]
+    assert list(h["rules"])[-1] == D.DEFAULTS_ROW  # last, under the rules it is compared with
+    row = h["rules"][D.DEFAULTS_ROW]
     assert row["choice"]["sg_tau"] == 0.5 and row["choice"]["grounding"] == "rollout3_min"
     steps = D._labelled(synthetic_steps())
     _, held = D.split_problems(steps)
