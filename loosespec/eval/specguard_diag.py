@@ -52,16 +52,15 @@ SCALAR_VARIANTS = (
 )
 CONFIDENCE_VARIANTS = ("min", "mean")
 BETAS = tuple(round(0.1 * i, 1) for i in range(11))  # the weight grid of S = beta C + (1 - beta) G
-THRESHOLD_QUANTILES = 40
-SPECGUARD_G = (
-    "rollout3_min"  # the G the step loop computes (loosespec.decode.steps.grounding): a rule can ship only on it
-)
+THRESHOLD_QUANTILES = 40  # the AND rule's threshold grid: this many quantiles of each signal on the fit steps
+# the G the step loop computes (loosespec.decode.steps.grounding): the only one a shipped rule can use
+SPECGUARD_G = "rollout3_min"
 # the held-out table's rules; the "SpecGuard's G" rows are what loosespec.presets.SG_RULES ships
 WEIGHTED_ANY = "weighted (S = beta C + (1 - beta) G), any G variant"
 WEIGHTED_SHIPPED = "weighted, SpecGuard's G"
 BOTH_ANY = "both agree (C >= tau_c and G >= tau_g), any G variant"
 BOTH_SHIPPED = "both agree, SpecGuard's G"
-DEFAULTS_ROW = "the defaults, as they are (not refitted)"  # the AND rule's threshold grid: this many quantiles of each signal on the fit steps
+DEFAULTS_ROW = "the defaults, as they are (not refitted)"
 
 
 def head_mean_attentions(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
