@@ -172,8 +172,8 @@ class Frontend:
         if sg_temperature is not None and sg_temperature < SAMPLING_EPS:
             raise ApiError(
                 400,
-                f"sg_temperature must be >= {SAMPLING_EPS:g} (the first SpecGuard candidate is "
-                f"already the greedy one), got {sg_temperature!r}",
+                f"sg_temperature must be >= {SAMPLING_EPS:g} (with sg_first greedy, the default, the first "
+                f"SpecGuard candidate is already the greedy one), got {sg_temperature!r}",
                 param="sg_temperature",
             )
         has_draft = self.engine.draft is not None
