@@ -320,17 +320,18 @@ def test_tli_rejection_sampling_is_lossless():
 
 @pytest.mark.parametrize("on_reject", ["draft-assisted", "regenerate"])
 def test_specguard_across_tokenizers(cross_engine, on_reject):
-    """tau above 1: every step is the target's own, whatever the draft wrote in its vocabulary."""
+    """tau above 1: every step is the target's own, whatever the draft wrote in its vocabulary. Every step is
+    attempted (sg_steps always): the adaptive chooser, kept by the engine across these parametrizations, may
+    otherwise let the target write every step of a 24-token answer and the bridge would go unused."""
     ar = cross_engine.generate(PROMPT, DecodeConfig.create("ar", max_new_tokens=24))
-    cfg = DecodeConfig.create(
-        "specguard", None, has_draft_model=True, max_new_tokens=24, sg_tau=1.5, sg_candidates=2, sg_on_reject=on_reject
-    )
+    sg = dict(has_draft_model=True, max_new_tokens=24, sg_candidates=2, sg_steps="always")
+    cfg = DecodeConfig.create("specguard", None, sg_tau=1.5, sg_on_reject=on_reject, **sg)
     r = cross_engine.generate(PROMPT, cfg)
     assert r.token_ids == ar.token_ids and r.stats.step_summary()["accepted_steps"] == 0
     # tau 0 accepts every drafted step: the output is the draft's text, re-encoded for the target
     r = cross_engine.generate(
         PROMPT,
-        DecodeConfig.create("specguard", None, has_draft_model=True, max_new_tokens=24, sg_tau=0.0, sg_candidates=2),
+        DecodeConfig.create("specguard", None, sg_tau=0.0, sg_on_reject=on_reject, **sg),
     )
     assert r.stats.step_summary()["accepted_steps"] > 0 and 0 < r.stats.new_tokens <= 24
 
