@@ -508,7 +508,7 @@ def test_grounding_on_smollm_equals_the_all_layers_way(smol_engine):
     )
 
 
-def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_the_others():
+def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_the_others_ever_less_often():
     c = StepChooser("adaptive", candidates=4)
     assert c.arms == [0, 1, 3, 4]  # the target alone, then 1, 3 and 4 candidates (two have no medoid)
     price = {0: 0.5, 1: 0.4, 3: 1.0, 4: 1.2}  # seconds per 10-token step: one candidate is cheapest
@@ -520,17 +520,30 @@ def test_step_chooser_measures_every_arm_then_runs_the_cheapest_and_remeasures_t
     # WARMUP steps of each arm first, the seed's 4 candidates first and the target alone last
     assert order == [k for k in reversed(c.arms) for _ in range(StepChooser.WARMUP)]
     chosen = []
-    for _ in range(3 * StepChooser.EXPLORE_EVERY):
+    every = StepChooser.EXPLORE_EVERY
+    for _ in range(7 * every):
         k = c.choose()
         chosen.append(k)
         c.record(k, price[k], 10)
-    # the cheapest runs; every EXPLORE_EVERY-th step measures the arm that ran least recently again (the one warmed
-    # up first), in turn
-    explore = StepChooser.EXPLORE_EVERY - 1
-    assert chosen[:explore] == [1] * explore and chosen[explore] == 4
-    assert chosen[explore + 1 : 2 * explore + 1] == [1] * explore and chosen[2 * explore + 1] == 3
-    assert chosen.count(1) == len(chosen) - 3
+    # the cheapest runs; after EXPLORE_EVERY - 1 exploitation steps the arm that ran least recently is measured again
+    # (the one warmed up first), in turn; each exploration that changes nothing doubles the interval
+    explored = [i for i, k in enumerate(chosen) if k != 1]
+    assert explored == [every - 1, 3 * every - 1, 7 * every - 1]
+    assert [chosen[i] for i in explored] == [4, 3, 0]
+    assert c.explore_every == 8 * every
     assert c.per_token(1) == pytest.approx(0.04)
+    # the cheapest arm moves (one candidate turns dear): the interval is back to EXPLORE_EVERY
+    price[1] = 5.0
+    for _ in range(StepChooser.WINDOW):
+        k = c.choose()
+        c.record(k, price[k], 10)
+        if k != 1:
+            break
+    assert k == 0 and c.explore_every == every  # the target alone (0.05 per token) is now the cheapest
+    for _ in range(20 * StepChooser.MAX_EXPLORE_EVERY):  # never beyond MAX_EXPLORE_EVERY
+        k = c.choose()
+        c.record(k, price[k], 10)
+    assert c.explore_every == StepChooser.MAX_EXPLORE_EVERY
     always = StepChooser("always", candidates=4)
     always.record(4, 100.0, 1)
     assert all(always.choose() == 4 for _ in range(5))
@@ -576,6 +589,7 @@ def test_adaptive_steps_leave_dear_steps_to_the_target_losslessly(smol_engine, m
     s = r.stats.to_dict()
     assert r.token_ids == ar.token_ids
     assert s["skipped_steps"] >= StepChooser.WARMUP + 1  # the target's own warm-up, then its steps
-    # attempts only every EXPLORE_EVERY steps, to measure them again
+    # attempts only to measure them again: the first after EXPLORE_EVERY steps, then ever less often
     assert 1 <= s["steps"] <= (s["skipped_steps"] + s["steps"]) // StepChooser.EXPLORE_EVERY
+    assert chooser.explore_every == min(StepChooser.EXPLORE_EVERY * 2 ** s["steps"], StepChooser.MAX_EXPLORE_EVERY)
     assert_counts_only_committed(r)
