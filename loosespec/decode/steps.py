@@ -326,8 +326,8 @@ class StepChooser:
     exploitation steps. Each such exploration that leaves the cheapest arm where it was doubles that interval (up to
     :data:`MAX_EXPLORE_EVERY`); any change of the cheapest arm sets it back to :data:`EXPLORE_EVERY`. An attempt is
     lossy (the accepted step is the draft's), so a settled chooser should not keep paying exploratory attempts: with
-    a fixed interval of 8, GSM8K's 471 steps (``results/bench/specguard-47-accept/gsm8k``) held 55 explorations,
-    every one of them an attempt. k is chosen by cost alone: a
+    a fixed interval of 8, GSM8K's 471 steps (``results/bench/specguard-47-accept/gsm8k``) held 66 attempts, every
+    one of them warm-up or exploration. k is chosen by cost alone: a
     larger k buys a more consistent candidate only if that shows up as fewer rejections. The engine keeps one
     chooser per configuration across its generations (:meth:`loosespec.decode.engine.Engine.step_chooser`), so the
     warm-up is paid once, not per answer. ``sg_steps always`` attempts every step with sg_candidates candidates
