@@ -243,18 +243,19 @@ bench-cpu: setup peers
 	done
 	$(BIN)/python benchmarks/cpu_acceptance.py $(BENCH_DIR)/cpu | tee $(BENCH_DIR)/cpu/acceptance.md
 
-# Which forward on this CPU (issue 42): the forward cost of target and draft in int8 and int4 (llama.cpp on the GGUF),
-# batch invariance and the memory bandwidth (results/forward), then the same Spec-Bench prompts (FWD_N per category,
-# FWD_TOKENS new tokens) with the target in int4, in int8 with the draft in int4, and in int8 with the draft in int8,
-# llama.cpp's own decoding beside them; benchmarks/forward_compare.py pairs the three directories prompt by prompt.
+# Which forward on this CPU (issue 42): the forward cost of target and draft in int8, w4a16 (torch's packed int4
+# kernel) and int4 (llama.cpp on the GGUF), batch invariance, a 512-token prefill and the memory bandwidth
+# (results/forward), then the same Spec-Bench prompts (FWD_N per category, FWD_TOKENS new tokens) with the target in
+# w4a16, in int4, in int8 with the draft in int4, and in int8 with the draft in int8, llama.cpp's own decoding beside
+# them; benchmarks/forward_compare.py pairs the directories prompt by prompt.
 FWD_N ?= 1
 FWD_TOKENS ?= 128
 FWD_DIR ?= $(BENCH_DIR)/forward
 FWD_METHODS ?= ar,exact-ngram,exact-mla,fly-mla,llamacpp-ar,llamacpp-spec
 forward-cost: evidence-models peers
-	$(BIN)/python benchmarks/forward_cost.py --precisions int8,int4 --llamacpp-variants --out results/forward
+	$(BIN)/python benchmarks/forward_cost.py --precisions int8,w4a16,int4 --llamacpp-variants --out results/forward
 bench-forward: evidence-models peers
-	for p in "int4 --quantize int4" "int8-draft-int4 --quantize int8 --draft-quantize int4" "int8 --quantize int8"; do \
+	for p in "w4a16 --quantize w4a16" "int4 --quantize int4" "int8-draft-int4 --quantize int8 --draft-quantize int4" "int8 --quantize int8"; do \
 	  set -- $$p; name=$$1; shift; \
 	  $(BIN)/loosespec bench --dataset specbench --limit $(FWD_N) --max-new-tokens $(FWD_TOKENS) --no-plots $$@ \
 	    --methods $(FWD_METHODS) --out $(FWD_DIR)/$$name || exit 1; \

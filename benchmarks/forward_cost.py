@@ -1,9 +1,11 @@
 """What one forward costs on this machine, per precision, against what the memory allows (issue 42).
 
 For the target and the draft of the default pair, in each precision given (``int8``: torch's fbgemm kernels on
-int8 weights; ``int4``: llama.cpp on the GGUF's own 4-bit weights), writes
+int8 weights; ``w4a16``: torch's packed int4 kernel on 4-bit weights with bfloat16 activations; ``int4``: llama.cpp
+on the GGUF's own 4-bit weights), writes
 
 - the cost curve c(n), n = 1..16 new tokens after 128 cached ones, and c(n)/c(1);
+- the prefill of a PREFILL-token prompt (what every method pays once per prompt, before decoding);
 - the bytes of weights one token reads (:func:`loosespec.cost.weight_bytes`) and the floor they set,
   bytes / read bandwidth, next to c(1);
 - batch invariance: a 16-row verify forward's logits against 16 one-token forwards over the same positions,
@@ -39,6 +41,20 @@ from loosespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
 
 CONTEXT = 128
 ROWS = 16
+PREFILL = 512
+
+
+def prefill_seconds(lm, vocab: int, n: int = PREFILL, repeats: int = 2) -> float:
+    """The least of ``repeats`` forwards over an ``n``-token prompt from an empty cache."""
+    seq = torch.randint(100, vocab, (n,), generator=torch.Generator().manual_seed(2))
+    best = float("inf")
+    for _ in range(repeats):
+        lm.reset()
+        t = time.perf_counter()
+        lm.logits(seq, rows=1)
+        best = min(best, time.perf_counter() - t)
+    lm.reset()
+    return best
 
 
 def batch_invariance(lm, vocab: int) -> dict:
@@ -70,6 +86,7 @@ def one(spec: str, precision: str, read_bw: float) -> dict:
     vocab = int(loaded.model.config.vocab_size)
     curve = measure(lm, ROWS, context=CONTEXT, vocab=vocab)
     inv = batch_invariance(lm, vocab)
+    prefill = prefill_seconds(lm, vocab)
     nbytes = weight_bytes(loaded.model)
     floor = nbytes / (read_bw * 1e9)
     row = {
@@ -83,6 +100,7 @@ def one(spec: str, precision: str, read_bw: float) -> dict:
         "floor_ms": round(1000 * floor, 1),
         "c1_over_floor": round(curve(1) / floor, 2),
         "batch_invariance": inv,
+        "prefill": {"tokens": PREFILL, "seconds": round(prefill, 3)},
     }
     print(
         f"{spec} {row['precision']}: c(1) {row['c1_ms']} ms (floor {row['floor_ms']} ms from "
@@ -120,6 +138,7 @@ def llamacpp_variants(spec: str) -> list[dict]:
 
 def render(data: dict) -> str:
     m = data["machine"]
+    prefill = all("prefill" in r for r in data["rows"])  # runs before the prefill was timed lack it
     lines = [
         f"# Forward cost, {data['date']}",
         "",
@@ -128,8 +147,9 @@ def render(data: dict) -> str:
         f"{data['bandwidth_gbs']['read']:.1f} GB/s.",
         "",
         "| model | precision | load s | GB/token | floor ms | c(1) ms | c(1)/floor | c(2)/c(1) | c(4)/c(1) "
-        "| c(8)/c(1) | c(16)/c(1) | 16-row forward: bit-equal rows | same argmax | max abs diff |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| c(8)/c(1) | c(16)/c(1) | 16-row forward: bit-equal rows | same argmax | max abs diff |"
+        + (f" prefill {data['rows'][0]['prefill']['tokens']} tokens s |" if prefill else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if prefill else ""),
     ]
     for r in data["rows"]:
         q, inv = r["ratios"], r["batch_invariance"]
@@ -138,6 +158,7 @@ def render(data: dict) -> str:
             f"{r['floor_ms']} | {r['c1_ms']} | {r['c1_over_floor']} | {q['2']:.2f} | {q['4']:.2f} | "
             f"{q['8']:.2f} | {q['16']:.2f} | {inv['bit_equal_rows']}/{inv['rows']} | "
             f"{inv['same_argmax_rows']}/{inv['rows']} | {inv['max_abs_diff']:.3g} |"
+            + (f" {r['prefill']['seconds']:.2f} |" if prefill else "")
         )
     by = {(r["model"], r["precision"]): r for r in data["rows"]}
     precisions = sorted({r["precision"] for r in data["rows"]})
@@ -149,9 +170,15 @@ def render(data: dict) -> str:
     ]
     if pairs:
         lines.append("\nDraft/target c(1): " + ", ".join(pairs) + ".")
+    how = {
+        "int8": "the float32 weights, then the cached int8 ones",
+        "w4a16": "the float32 weights, quantized at load",
+        "int4": "llama.cpp maps the GGUF",
+    }
+    loads = "; ".join(f"{k}: {v}" for k, v in how.items() if k in precisions)
     lines.append(
-        "\nfloor = GB/token / read bandwidth; load s: loading the model in that precision (int8: the float32 "
-        "weights, then the cached int8 ones; int4: llama.cpp maps the GGUF)."
+        "\nfloor = GB/token / read bandwidth; load s: loading the model in that precision"
+        + (f" ({loads})." if loads else ".")
     )
     if data.get("llamacpp_variants"):
         lines += [

@@ -37,7 +37,7 @@ from loosespec.errors import LoosespecError
 FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("auto", "none", "int8", "int4")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "w4a16", "int4")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,10 @@ def int8_engine() -> str | None:
 @dataclass(frozen=True)
 class Precision:
     """How a model's weights and arithmetic are stored: ``dtype`` of the unquantized parts and
-    ``quantize`` (``none`` | ``int8`` | ``int4``) of the Linear layers; ``name`` is the short label. ``int4``:
-    the model's own GGUF weights (4-bit K-quants) run by llama.cpp (:mod:`loosespec.decode.gguf`)."""
+    ``quantize`` (``none`` | ``int8`` | ``w4a16`` | ``int4``) of the Linear layers; ``name`` is the short label.
+    ``w4a16``: 4-bit weights per group, bfloat16 activations, torch's packed int4 CPU kernel
+    (:class:`loosespec.quant.W4A16Linear`); ``int4``: the model's own GGUF weights (4-bit K-quants) run by
+    llama.cpp (:mod:`loosespec.decode.gguf`)."""
 
     dtype: str
     quantize: str
@@ -97,7 +99,7 @@ class Precision:
 
     @property
     def name(self) -> str:
-        return self.quantize if self.quantize in ("int8", "int4") else self.dtype
+        return self.quantize if self.quantize in ("int8", "w4a16", "int4") else self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -203,6 +205,29 @@ def resolve_precision(
                 "(builds from source, 10-20 min): make peers, or pip install 'loosespec[peers]'"
             )
         return Precision("float32", "int4", "int4 asked for (--quantize int4): the GGUF's own weights in llama.cpp")
+    if quantize == "w4a16":
+        from loosespec.quant import w4a16_supported
+
+        if device.type != "cpu":
+            raise LoosespecError(
+                f"--quantize w4a16 runs torch's packed int4 CPU kernel; on {device.type} use --quantize none"
+            )
+        if not w4a16_supported():
+            raise LoosespecError(
+                f"--quantize w4a16 needs torch's packed int4 CPU kernel (_weight_int4pack_mm_for_cpu), which torch "
+                f"{torch.__version__} lacks; use --quantize int8"
+            )
+        if dtype not in ("auto", "float32"):
+            raise LoosespecError(
+                f"--quantize w4a16 computes the unquantized parts in float32; --dtype {dtype} "
+                "cannot go with it (use --dtype auto or float32)"
+            )
+        return Precision(
+            "float32",
+            "w4a16",
+            "w4a16 asked for (--quantize w4a16): 4-bit weights per group of 32, bfloat16 activations, "
+            "each row computed alone (lossless methods stay equal to ar within it)",
+        )
     if quantize == "int8":
         if device.type != "cpu":
             raise LoosespecError(

@@ -26,15 +26,17 @@ DTYPE_HELP = (
     "bfloat16, whose batched matmuls leave lossless methods unequal to ar"
 )
 QUANTIZE_HELP = (
-    "auto | none | int8 | int4. int8: Linear layers in int8 (weights per channel, activations per "
-    "token; lossless methods stay equal to ar within it), CPU only; int4: the GGUF's own 4-bit weights "
+    "auto | none | int8 | w4a16 | int4. int8: Linear layers in int8 (weights per channel, activations per "
+    "token; lossless methods stay equal to ar within it), CPU only; w4a16: 4-bit weights per group of 32 with "
+    "bfloat16 activations (torch's packed int4 CPU kernel, transformers' int4_weight_only), half int8's bytes, "
+    "each row computed alone so lossless methods stay equal to ar within it, CPU only; int4: the GGUF's own 4-bit weights "
     "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
     "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
     "methods are not token-identical to ar in it; auto: int8 on a CPU with torch's int8 engine "
     "when --dtype is auto (never int4 for a target; see --draft-quantize)"
 )
 DRAFT_QUANTIZE_HELP = (
-    "auto | none | int8 | int4: the draft model's --quantize. auto: as --quantize when that is "
+    "auto | none | int8 | w4a16 | int4: the draft model's --quantize. auto: as --quantize when that is "
     "given; with --quantize auto, int4 (llama.cpp) for a GGUF draft where llama-cpp-python is "
     "installed (a draft only proposes: its rounding cannot change what the target accepts), "
     "else as the target"

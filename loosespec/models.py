@@ -278,7 +278,8 @@ def load(
 
     ``dtype``/``quantize``: ``auto`` picks the precision from the hardware
     (:func:`loosespec.hardware.resolve_precision`); ``quantize="int8"`` replaces the Linear layers by
-    per-token int8 ones (:mod:`loosespec.quant`), cached after the first load; ``quantize="int4"`` runs the GGUF
+    per-token int8 ones (:mod:`loosespec.quant`), cached after the first load; ``quantize="w4a16"`` by 4-bit
+    ones (:class:`loosespec.quant.W4A16Linear`), quantized at load; ``quantize="int4"`` runs the GGUF
     file itself in llama.cpp (:mod:`loosespec.decode.gguf`). ``role="draft"``: ``auto`` may pick int4 for a draft,
     never for a target (:func:`~loosespec.hardware.resolve_precision`).
 
@@ -342,6 +343,10 @@ def load(
         if progress and cache is not None and not cache.exists():
             log.info(f"quantizing {spec} to int8 (once; cached) ...")
         quantize_model(model, cache, progress=progress)
+    elif precision.quantize == "w4a16":
+        from loosespec.quant import quantize_model_w4
+
+        quantize_model_w4(model, progress=progress)
     return LoadedModel(src, model, tokenizer, precision)
 
 

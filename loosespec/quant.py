@@ -1,4 +1,7 @@
-"""int8 Linear layers whose result for a token does not depend on the other tokens in the forward.
+"""Quantized Linear layers whose result for a token does not depend on the other tokens in the forward: int8
+(below) and w4a16 (:class:`W4A16Linear`: 4-bit weights per group of 32, bfloat16 activations, torch's packed int4
+CPU kernel, which computes each output row from its own input row, so half int8's bytes per weight come with the
+same batch invariance).
 
 Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens cost 8.5x a 1-token
 forward in bfloat16 (``results/rule_cost.txt``); with torch's fbgemm int8 kernels 2.15x
@@ -94,6 +97,96 @@ class RowwiseInt8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rowwise"
+
+
+W4_GROUP = 32  # weights per (scale, zero) pair along the input dimension: Q4_K's own sub-block width
+
+
+def w4a16_supported() -> bool:
+    """Whether this torch build has the packed int4 CPU kernels :class:`W4A16Linear` runs on."""
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"
+    )
+
+
+def w4_fits(linear: nn.Linear, group: int = W4_GROUP) -> bool:
+    """Whether a Linear layer's shape goes into the packed int4 kernel: input width a multiple of the group, output
+    width a multiple of 16 (the kernel's packing refuses other shapes)."""
+    return linear.in_features % group == 0 and linear.in_features >= group and linear.out_features % 16 == 0
+
+
+def quantize_weight_w4(weight: torch.Tensor, group: int = W4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit weights per group of ``group`` inputs, rounded to nearest: ``(q, scales_and_zeros)``,
+    ``q`` int32 ``[out, in]`` in 0..15 and ``scales_and_zeros`` bfloat16 ``[in / group, out, 2]`` in torch's
+    packed-int4 convention, ``w = (q - 8) * scale + zero``. A group whose weights are already 16 evenly spaced
+    levels spanning their range (a GGUF Q4_K sub-block of 32) comes back exactly, up to bfloat16's rounding of
+    its scale and zero."""
+    w = weight.detach().float()
+    out_f, in_f = w.shape
+    wg = w.reshape(out_f, in_f // group, group)
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp_min(1e-12)
+    q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).reshape(out_f, in_f)
+    zero = lo + 8.0 * scale
+    sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return q, sz
+
+
+class W4A16Linear(nn.Module):
+    """A Linear layer with 4-bit weights (per group of :data:`W4_GROUP` inputs, a bfloat16 scale and zero each) and
+    bfloat16 activations, run by torch's packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``, the kernel behind
+    torchao's and transformers' ``int4_weight_only`` on a CPU). CPU only.
+
+    Half int8's bytes per weight, which is what a memory-bound decode step pays for. Each output row is computed
+    from its own input row only, so a row comes out bit-identical alone and inside a batch: verified in
+    ``tests/test_quant.py`` and, for the whole model, by ``benchmarks/forward_cost.py``'s 16-row check, which is
+    what lets ``exact`` equal ``ar`` in this precision. The input is cast to bfloat16 and the output back to the
+    model's float32."""
+
+    def __init__(self, q: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group: int = W4_GROUP):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.group = group
+        self.register_buffer(
+            "packed", torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1), persistent=False
+        )
+        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16).contiguous(), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group: int = W4_GROUP) -> "W4A16Linear":
+        q, sz = quantize_weight_w4(linear.weight, group)
+        return cls(q, sz, linear.bias, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous()
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self.scales_and_zeros).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w4a16 group {self.group}"
+
+
+def quantize_model_w4(model: nn.Module, progress: bool = False, group: int = W4_GROUP) -> nn.Module:
+    """Replace every ``nn.Linear`` of a CPU float32 model by :class:`W4A16Linear`, in place, and switch attention
+    to :func:`rowwise_attention` (as :func:`quantize_model`). A layer whose input width is not a multiple of
+    ``group`` or whose output width is not a multiple of 16 (:func:`w4_fits`) goes to :class:`RowwiseInt8Linear` instead (also batch-invariant). ``progress``: a bar on stderr."""
+    from tqdm.auto import tqdm
+
+    _quiet()
+    for name in tqdm(
+        _linear_names(model), desc="quantizing to w4a16", unit="layer", disable=not progress, dynamic_ncols=True
+    ):
+        linear = model.get_submodule(name)
+        module = (
+            W4A16Linear.from_linear(linear, group) if w4_fits(linear, group) else RowwiseInt8Linear.from_linear(linear)
+        )
+        _set_module(model, name, module)
+    use_rowwise_attention(model)
+    return model
 
 
 ROWWISE_MAX_QUERIES = 64

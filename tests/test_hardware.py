@@ -80,11 +80,27 @@ def test_cuda_precision_follows_bf16_support():
         (dict(dtype="auto", quantize="int4", device="cpu", gguf=True, llamacpp=False), "llama-cpp-python"),
         (dict(dtype="auto", quantize="int4", device="cuda", gguf=True, llamacpp=True), "on the CPU"),
         (dict(dtype="bfloat16", quantize="int4", device="cpu", gguf=True, llamacpp=True), "float32 logits"),
+        (dict(dtype="auto", quantize="w4a16", device="cuda"), "packed int4 CPU kernel"),
+        (dict(dtype="bfloat16", quantize="w4a16", device="cpu"), "float32"),
     ],
 )
 def test_bad_combinations_are_clear_errors(kw, words):
     with pytest.raises(LoosespecError, match=words):
         resolve_precision(**kw, cpu=cpu("epyc_zen3"), engine="x86")
+
+
+def test_w4a16_is_asked_for_never_chosen_by_auto(monkeypatch):
+    """w4a16 only where asked: measured end to end no faster than int8 on the CPU it ran on (BENCHMARKS.md, "w4a16"),
+    so auto keeps int8 on every CPU; a torch without the kernel is a clear error."""
+    for name in ("epyc_zen3", "sapphire_rapids_amx"):
+        assert resolve_precision("auto", "auto", "cpu", cpu=cpu(name), engine="x86").name == "int8"
+        p = resolve_precision("auto", "w4a16", "cpu", cpu=cpu(name), engine="x86")
+        assert (p.name, p.dtype, p.quantize) == ("w4a16", "float32", "w4a16")
+    import loosespec.quant
+
+    monkeypatch.setattr(loosespec.quant, "w4a16_supported", lambda: False)
+    with pytest.raises(LoosespecError, match="lacks"):
+        resolve_precision("auto", "w4a16", "cpu", cpu=cpu("epyc_zen3"), engine="x86")
 
 
 def test_int8_without_engine_is_refused():

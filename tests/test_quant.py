@@ -151,3 +151,102 @@ def test_quantize_progress_bar_counts_the_linear_layers(tiny_dir, tmp_path, caps
     capsys.readouterr()
     quantize_model(model, cache)
     assert capsys.readouterr().err == ""
+
+
+w4 = pytest.mark.skipif(not quant.w4a16_supported(), reason="torch has no packed int4 CPU kernel")
+
+
+@w4
+def test_w4a16_row_alone_equals_row_in_batch_bit_for_bit():
+    from loosespec.quant import W4A16Linear
+
+    lin = torch.nn.Linear(96, 208)
+    q = W4A16Linear.from_linear(lin)
+    x = batch_with_outlier()
+    full = q(x)
+    alone = torch.cat([q(x[i : i + 1]) for i in range(x.shape[0])])
+    assert torch.equal(full, alone)
+    assert torch.equal(q(x[None])[0], full)
+    ref = lin(x)
+    assert full.dtype == torch.float32
+    # 16 levels per group of 32 weights and bfloat16 inputs: a coarse approximation of the float layer, not noise
+    assert (full - ref).abs().max() / ref.abs().max() < 0.15
+    assert torch.corrcoef(torch.stack([full.flatten(), ref.flatten()]))[0, 1] > 0.99
+
+
+@w4
+def test_w4_weights_on_16_levels_per_group_come_back_exactly():
+    """A group already on 16 evenly spaced levels spanning its range (a Q4_K sub-block) is represented exactly,
+    up to bfloat16's rounding of scale and zero: the kernel's product equals the dequantized weights' matmul."""
+    from loosespec.quant import W4_GROUP, W4A16Linear, quantize_weight_w4
+
+    gen = torch.Generator().manual_seed(3)
+    out_f, in_f = 64, 4 * W4_GROUP
+    levels = torch.randint(0, 16, (out_f, in_f), generator=gen)
+    levels[:, ::W4_GROUP] = 0  # every group spans 0..15
+    levels[:, 1::W4_GROUP] = 15
+    scale = torch.tensor(2.0) ** torch.randint(-8, -3, (out_f, in_f // W4_GROUP, 1), generator=gen)  # bf16-exact
+    lo = -8 * scale
+    w = (levels.reshape(out_f, -1, W4_GROUP) * scale + lo).reshape(out_f, in_f)
+    q, sz = quantize_weight_w4(w)
+    assert torch.equal(q, levels.to(torch.int32))
+    lin = torch.nn.Linear(in_f, out_f, bias=False)
+    lin.weight.data = w
+    x = torch.randn(5, in_f, generator=gen).bfloat16().float()  # inputs bfloat16 holds exactly
+    got = W4A16Linear(q, sz, None)(x)
+    assert torch.allclose(got, x @ w.T, rtol=2e-2, atol=1e-3)
+
+
+@w4
+def test_w4a16_tiny_model_gives_same_logits_for_1_and_16_token_forwards(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from loosespec.quant import W4A16Linear, quantize_model_w4
+
+    model = quantize_model_w4(AutoModelForCausalLM.from_pretrained(tiny_dir / "target", dtype=torch.float32).eval())
+    assert any(isinstance(m, W4A16Linear) for m in model.modules())
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    lm = CachedLM(model)
+    seq = torch.randint(3, 259, (70,), generator=torch.Generator().manual_seed(1))
+    lm.logits(seq[:50], rows=1)
+    block = lm.logits(seq[:66], rows=16)
+    single = torch.stack([lm.logits(seq[: 51 + i], rows=1)[0] for i in range(16)])
+    assert torch.equal(block, single)
+
+
+@w4
+def test_w4a16_sends_a_layer_it_cannot_pack_to_int8():
+    from loosespec.quant import W4A16Linear, quantize_model_w4
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 20), torch.nn.Linear(20, 16))
+    model.set_attn_implementation = lambda name: None  # not a transformers model: no attention to switch
+    quantize_model_w4(model)
+    # 20 outputs (not a multiple of 16), then 20 inputs (not a multiple of the group of 32)
+    assert [type(m) for m in model] == [W4A16Linear, RowwiseInt8Linear, RowwiseInt8Linear]
+    x = torch.randn(3, 64)
+    assert torch.equal(model(x), torch.cat([model(x[i : i + 1]) for i in range(3)]))
+
+
+@w4
+@pytest.mark.real_model
+def test_smollm_w4a16_exact_equals_ar():
+    """End to end on a real model in w4a16: lossless stays lossless within the precision."""
+    from loosespec.config import DecodeConfig
+    from loosespec.cost import weight_bytes
+    from loosespec.decode.engine import Engine
+    from loosespec.models import load
+
+    t = load("smollm2-135m-instruct", "auto", "cpu", progress=False, quantize="w4a16")
+    assert t.precision.name == "w4a16"
+    i8 = load("smollm2-135m-instruct", "auto", "cpu", progress=False, quantize="int8")
+    assert weight_bytes(t.model) < 0.75 * weight_bytes(i8.model)  # 4 bits plus a scale and zero per 32 weights
+    engine = Engine(t)
+    prompt = "Write a Python function that checks whether a string is a palindrome."
+    ar = engine.generate(prompt, DecodeConfig.create("ar", max_new_tokens=48))
+    for adaptive in (False, True):
+        cfg = DecodeConfig.create(
+            "exact", "ngram", num_draft_tokens=8, max_new_tokens=48, adaptive_draft_length=adaptive
+        )
+        r = engine.generate(prompt, cfg)
+        assert r.token_ids == ar.token_ids, adaptive
+    assert r.stats.precision == "w4a16"
