@@ -600,6 +600,62 @@ def _fly_calibration_sentences(B: str) -> list[tuple[str, str]]:
     ]
 
 
+def _specguard_acceptance() -> list[tuple[str, str]]:
+    """README.md's and BENCHMARKS.md's sentences on SpecGuard's acceptance runs with the backing-off chooser
+    (results/bench/specguard-47-accept2), from the result files."""
+    from loosespec.eval.failures import retention
+    from loosespec.eval.results import RESULTS, ResultsFile
+
+    said = []
+    readme = []
+    for name in ("gsm8k", "math500"):
+        d = ROOT / "results/bench/specguard-47-accept2" / name
+        r = retention(d)["specguard"]
+        rows = [x for x in ResultsFile(d / RESULTS).read() if x["method"] == "specguard"]
+        steps = sum(x["stats"]["steps"] + x["stats"]["skipped_steps"] for x in rows)
+        attempts = sum(x["stats"]["steps"] for x in rows)
+        lo, hi = r["speedup_ci95"]
+        rlo, rhi = r["recovery_ci95"]
+        readme.append(
+            (
+                f"{r['speedup']:.2f}x ({lo:.2f}-{hi:.2f})",
+                f"recovery {r['recovery']:.2f} ({rlo:.2f}-{rhi:.2f})",
+                r["ar_right_method_wrong"],
+                r["ar_wrong_method_right"],
+                attempts,
+                steps,
+            )
+        )
+        if name == "math500":
+            kept = sum(x["stats"]["accepted_steps"] for x in rows)
+            ar = {x["question_id"]: x["token_ids"] for x in ResultsFile(d / RESULTS).read() if x["method"] == "ar"}
+            same = sum(x["token_ids"] == ar[x["question_id"]] for x in rows)
+            said += [
+                ("BENCHMARKS.md", f"{attempts} attempts in {steps} steps"),
+                ("BENCHMARKS.md", f"{kept} of them kept"),
+                ("BENCHMARKS.md", f"the other {same} are `ar`'s token for token"),
+                ("BENCHMARKS.md", f"recovery {r['recovery']:.2f} ({rlo:.2f}-{rhi:.2f})"),
+                ("BENCHMARKS.md", f"Speed {r['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) of `ar`"),
+            ]
+    (g_s, g_r, g_l, g_g, g_a, g_n), (m_s, m_r, m_l, m_g, m_a, m_n) = readme
+    said.append(
+        (
+            "README.md",
+            f"on GSM8K {g_s} of `ar`, {g_r}, {g_l} answers lost and {g_g} gained, with {g_a} of {g_n} steps "
+            f"attempted; on MATH-500's first 50 {m_s}, {m_r}, {m_l} lost and {m_g} gained, with {m_a} of {m_n} "
+            "steps attempted.",
+        )
+    )
+    return said
+
+
+def test_specguard_acceptance_prose_matches_the_results():
+    import re
+
+    text = {n: re.sub(r"\s+", " ", (ROOT / n).read_text(encoding="utf-8")) for n in ("README.md", "BENCHMARKS.md")}
+    assert [f"{n}: {s}" for n, s in _specguard_acceptance() if s not in text[n]] == []
+
+
 def test_figures_quoted_in_prose_match_the_result_files():
     """The numbers BENCHMARKS.md, docs/vllm.md, docs/bench.md and docs/methods.md quote outside the generated blocks
     (vLLM figures, the speed.py runs, the cross-tokenizer runs, the evidence runs, the calibrations) and README.md's
