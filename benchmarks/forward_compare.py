@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 LOSSLESS_PREFIXES = ("ar", "exact-", "rejection-")
+DATASETS = {"specbench": "Spec-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 
 
 def rows_of(d: Path) -> dict:
@@ -47,15 +48,18 @@ def compare(root: Path) -> str:
     configs = {d.name: json.loads((d / "config.json").read_text()) for d in dirs}
     base = data.get("int8", {})
     hw = next(iter(next(iter(data.values())).values()))["hardware"]
+    dataset = next(iter(configs.values())).get("dataset", "specbench")
+    scored = any(r.get("score") is not None for d in data.values() for r in d.values())  # Spec-Bench is not
     lines = [
         f"# Forward precision compared ({root})",
         "",
         f"{hw.get('cpu')} ({' '.join(hw.get('cpu_flags', []))}), {hw.get('threads')} threads; "
-        f"{len({q for d in data.values() for q, _ in d})} Spec-Bench prompts.",
+        f"{len({q for d in data.values() for q, _ in d})} {DATASETS.get(dataset, dataset)} prompts.",
         "",
         "| target / draft | method | n | tok/s | vs ar (same dir) | vs llamacpp-ar (same dir) | vs int8 ar | "
-        "identical to ar | draft-model rounds (llamacpp-spec: accepted/drafted tokens) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "identical to ar | draft-model rounds (llamacpp-spec: accepted/drafted tokens) |"
+        + (" right |" if scored else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if scored else ""),
     ]
     for name, rows in data.items():
         cfg = configs[name]
@@ -79,7 +83,7 @@ def compare(root: Path) -> str:
                 f"| {label} | {m} | {len(qs)} | {sum(map(tps, own)) / len(own):.2f} | {ratio(vs_ar)} | "
                 f"{ratio(vs_llama)} | {ratio(vs_ar8)} | "
                 f"{f'{sum(same)}/{len(same)}' if lossless and not m.startswith('llamacpp') else '-'} | "
-                f"{drafts} |"
+                f"{drafts} |" + (f" {sum(bool(r.get('score')) for r in own)}/{len(own)} |" if scored else "")
             )
     return "\n".join(lines) + "\n"
 
