@@ -28,7 +28,7 @@ DTYPE_HELP = (
 QUANTIZE_HELP = (
     "auto | none | int8 | w4a16 | int4. int8: Linear layers in int8 (weights per channel, activations per "
     "token; lossless methods stay equal to ar within it), CPU only; w4a16: 4-bit weights per group of 32 with "
-    "bfloat16 activations (torch's packed int4 CPU kernel, transformers' int4_weight_only), half int8's bytes, "
+    "bfloat16 activations (torch's packed int4 CPU kernel, transformers' int4_weight_only), about 0.63 of int8's bytes, "
     "each row computed alone so lossless methods stay equal to ar within it, CPU only; int4: the GGUF's own 4-bit weights "
     "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
     "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "

@@ -1,7 +1,7 @@
 """Quantized Linear layers whose result for a token does not depend on the other tokens in the forward: int8
 (below) and w4a16 (:class:`W4A16Linear`: 4-bit weights per group of 32, bfloat16 activations, torch's packed int4
-CPU kernel, which computes each output row from its own input row, so half int8's bytes per weight come with the
-same batch invariance).
+CPU kernel, which computes each output row from its own input row, so about 0.63 of int8's bytes per weight come
+with the same batch invariance).
 
 Why: on CPUs without bfloat16 arithmetic a verify forward over 16 tokens cost 8.5x a 1-token
 forward in bfloat16 (``results/rule_cost.txt``); with torch's fbgemm int8 kernels 2.15x
@@ -137,7 +137,8 @@ class W4A16Linear(nn.Module):
     bfloat16 activations, run by torch's packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``, the kernel behind
     torchao's and transformers' ``int4_weight_only`` on a CPU). CPU only.
 
-    Half int8's bytes per weight, which is what a memory-bound decode step pays for. Each output row is computed
+    About 0.63 of int8's bytes per weight (4 bits, plus a bfloat16 scale and zero per 32 weights), which is what a
+    memory-bound decode step pays for. Each output row is computed
     from its own input row only, so a row comes out bit-identical alone and inside a batch: verified in
     ``tests/test_quant.py`` and, for the whole model, by ``benchmarks/forward_cost.py``'s 16-row check, which is
     what lets ``exact`` equal ``ar`` in this precision. The input is cast to bfloat16 and the output back to the
@@ -173,7 +174,8 @@ class W4A16Linear(nn.Module):
 def quantize_model_w4(model: nn.Module, progress: bool = False, group: int = W4_GROUP) -> nn.Module:
     """Replace every ``nn.Linear`` of a CPU float32 model by :class:`W4A16Linear`, in place, and switch attention
     to :func:`rowwise_attention` (as :func:`quantize_model`). A layer whose input width is not a multiple of
-    ``group`` or whose output width is not a multiple of 16 (:func:`w4_fits`) goes to :class:`RowwiseInt8Linear` instead (also batch-invariant). ``progress``: a bar on stderr."""
+    ``group`` or whose output width is not a multiple of 16 (:func:`w4_fits`) goes to :class:`RowwiseInt8Linear`
+    instead (also batch-invariant). ``progress``: a bar on stderr."""
     from tqdm.auto import tqdm
 
     _quiet()
