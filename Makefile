@@ -359,27 +359,18 @@ bench-precision: setup
 	for s in gsm8k humaneval; do $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int8 \
 	  $(BENCH_DIR)/precision/$$s-float32; echo; done | tee $(BENCH_DIR)/precision/accuracy.md
 
-# The same for llama.cpp's 4-bit forward (--quantize int4, issue 42): ar in int4 on the same problems, paired with the
-# int8 and float32 runs above (needs llama-cpp-python: make peers). Accuracy only: nothing here is timed.
-bench-precision-int4: setup peers
-	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize int4 \
-	  --out $(BENCH_DIR)/precision/gsm8k-int4
-	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize int4 \
-	  --out $(BENCH_DIR)/precision/humaneval-int4
+# The same for the 4-bit precisions (issue 42): ar in int4 (llama.cpp's forward; needs llama-cpp-python: make peers)
+# or in w4a16 (torch's packed int4 kernel) on the same problems, paired with the int8 and float32 runs above.
+# Accuracy only: nothing here is timed.
+bench-precision-int4: peers
+bench-precision-int4 bench-precision-w4a16: bench-precision-%: setup
+	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize $* \
+	  --out $(BENCH_DIR)/precision/gsm8k-$*
+	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize $* \
+	  --out $(BENCH_DIR)/precision/humaneval-$*
 	for s in gsm8k humaneval; do for o in int8 float32; do \
-	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-int4 $(BENCH_DIR)/precision/$$s-$$o; \
-	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-int4.md
-
-# The same for torch's 4-bit kernel (--quantize w4a16, issue 42): ar in w4a16 on the same problems, paired with the
-# int8 and float32 runs above. Accuracy only: nothing here is timed.
-bench-precision-w4a16: setup
-	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize w4a16 \
-	  --out $(BENCH_DIR)/precision/gsm8k-w4a16
-	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize w4a16 \
-	  --out $(BENCH_DIR)/precision/humaneval-w4a16
-	for s in gsm8k humaneval; do for o in int8 float32; do \
-	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-w4a16 $(BENCH_DIR)/precision/$$s-$$o; \
-	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-w4a16.md
+	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-$* $(BENCH_DIR)/precision/$$s-$$o; \
+	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-$*.md
 
 # loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)
