@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loosespec.cost import format_curve, measure, weight_bytes  # noqa: E402
-from loosespec.decode.gguf import GgufLM, is_gguf  # noqa: E402
+from loosespec.decode.gguf import N_BATCH, ROW_CHUNK, GgufLM, is_gguf  # noqa: E402
 from loosespec.decode.kv import CachedLM  # noqa: E402
 from loosespec.fileio import atomic_write_text  # noqa: E402
 from loosespec.hardware import cpu_info, describe_device, memory_bandwidth  # noqa: E402
@@ -57,21 +57,23 @@ def prefill_seconds(lm, vocab: int, n: int = PREFILL, repeats: int = 2) -> float
     return best
 
 
-def batch_invariance(lm, vocab: int) -> dict:
-    """A ROWS-row forward against ROWS one-token forwards over the same positions."""
+def batch_invariance(lm, vocab: int, context: int = CONTEXT) -> dict:
+    """A ROWS-row forward against ROWS one-token forwards over the same positions, after ``context`` cached ones
+    (prefilled as every method prefills a prompt)."""
     gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(100, vocab, (CONTEXT + ROWS,), generator=gen)
+    seq = torch.randint(100, vocab, (context + ROWS,), generator=gen)
     lm.reset()
-    lm.logits(seq[:CONTEXT], rows=1)
+    lm.prefill(seq[:context])
     batched = lm.logits(seq, rows=ROWS).clone()
     single = []
     for i in range(ROWS):
-        single.append(lm.logits(seq[: CONTEXT + i + 1], rows=1)[0].clone())
+        single.append(lm.logits(seq[: context + i + 1], rows=1)[0].clone())
     single = torch.stack(single)
     lm.reset()
     equal = [bool(torch.equal(batched[i], single[i])) for i in range(ROWS)]
     return {
         "rows": ROWS,
+        "context": context,
         "bit_equal_rows": sum(equal),
         "max_abs_diff": float((batched - single).abs().max()),
         "same_argmax_rows": int((batched.argmax(-1) == single.argmax(-1)).sum()),
@@ -112,27 +114,43 @@ def one(spec: str, precision: str, read_bw: float) -> dict:
     return row
 
 
+LONG_CONTEXT = 700  # past 512 cached positions, where flash attention splits a single query's keys (f16/f32 cache)
+# (repack, flash attention, KV cache type, positions per forward that asks for logits): llama.cpp's defaults, then
+# loosespec's setting (the last row) with one of its parts switched back at a time
+VARIANTS = [
+    (True, -1, "f16", N_BATCH),
+    (False, 1, "bf16", N_BATCH),
+    (True, 1, "bf16", ROW_CHUNK),
+    (False, 0, "f16", ROW_CHUNK),
+    (False, 1, "f16", ROW_CHUNK),
+    (False, 1, "bf16", ROW_CHUNK),
+]
+
+
 def llamacpp_variants(spec: str) -> list[dict]:
-    """int4 with llama.cpp's repacked weight layouts on/off and flash attention on/off: is any batch-invariant?"""
+    """The target in int4 under llama.cpp's settings that decide batch invariance: which is batch-invariant, at what
+    cost?"""
     loaded = load(spec, quantize="int4", progress=False)
     vocab = int(loaded.model.config.vocab_size)
     out = []
-    for repack in (True, False):
-        for fa in (1, 0):
-            lm = GgufLM(loaded.model, repack=repack, flash_attn=fa)
-            curve = measure(lm, ROWS, context=CONTEXT, vocab=vocab, repeats=3)
-            out.append(
-                {
-                    "model": spec,
-                    "repack": repack,
-                    "flash_attn": bool(fa),
-                    "c1_ms": round(1000 * curve(1), 1),
-                    "c16_over_c1": round(curve.ratio(16), 2),
-                    "batch_invariance": batch_invariance(lm, vocab),
-                }
-            )
-            print(f"  int4 repack={repack} flash_attn={bool(fa)}: {out[-1]}", file=sys.stderr)
-            del lm
+    for repack, fa, cache, chunk in VARIANTS:
+        lm = GgufLM(loaded.model, repack=repack, flash_attn=fa, cache_type=cache, row_chunk=chunk)
+        curve = measure(lm, ROWS, context=CONTEXT, vocab=vocab, repeats=3)
+        out.append(
+            {
+                "model": spec,
+                **lm.settings,
+                "c1_ms": round(1000 * curve(1), 1),
+                "c2_over_c1": round(curve.ratio(2), 2),
+                "c4_over_c1": round(curve.ratio(4), 2),
+                "c16_over_c1": round(curve.ratio(16), 2),
+                "prefill": {"tokens": PREFILL, "seconds": round(prefill_seconds(lm, vocab), 3)},
+                "batch_invariance": batch_invariance(lm, vocab),
+                "batch_invariance_long": batch_invariance(lm, vocab, LONG_CONTEXT),
+            }
+        )
+        print(f"  int4 {lm.settings}: {out[-1]}", file=sys.stderr)
+        del lm
     return out
 
 
@@ -181,19 +199,38 @@ def render(data: dict) -> str:
         + (f" ({loads})." if loads else ".")
     )
     if data.get("llamacpp_variants"):
-        lines += [
-            "",
-            "llama.cpp's settings, target in int4 (3 repeats each):",
-            "",
-            "| repacked weights | flash attention | c(1) ms | c(16)/c(1) | bit-equal rows | same argmax |",
-            "|---|---|---:|---:|---:|---:|",
-        ]
-        for v in data["llamacpp_variants"]:
-            inv = v["batch_invariance"]
+        new = "cache_type" in data["llamacpp_variants"][0]  # runs before the cache type was varied lack it
+        lines += ["", "llama.cpp's settings, target in int4 (3 repeats each):", ""]
+        if new:
+            lines += [
+                "| repacked weights | flash attention | KV cache | positions per forward with logits | c(1) ms | "
+                f"c(2)/c(1) | c(4)/c(1) | c(16)/c(1) | prefill {PREFILL} tokens s | bit-equal rows, {CONTEXT} cached | "
+                f"bit-equal rows, {LONG_CONTEXT} cached |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            fa = {-1: "auto", 0: "off", 1: "on"}
+            for v in data["llamacpp_variants"]:
+                inv, inv_long = v["batch_invariance"], v["batch_invariance_long"]
+                lines.append(
+                    f"| {v['repack']} | {fa[v['flash_attn']]} | {v['cache_type']} | {v['row_chunk']} | {v['c1_ms']} | "
+                    f"{v['c2_over_c1']} | {v['c4_over_c1']} | {v['c16_over_c1']} | {v['prefill']['seconds']:.2f} | "
+                    f"{inv['bit_equal_rows']}/{inv['rows']} | {inv_long['bit_equal_rows']}/{inv_long['rows']} |"
+                )
             lines.append(
-                f"| {v['repack']} | {v['flash_attn']} | {v['c1_ms']} | {v['c16_over_c1']} | "
-                f"{inv['bit_equal_rows']}/{inv['rows']} | {inv['same_argmax_rows']}/{inv['rows']} |"
+                f"\nThe last row is what `--quantize int4` runs (loosespec/decode/gguf.py); {N_BATCH} positions per "
+                "forward: the 16 rows in one forward, where llama.cpp's tiled matmul takes 8 rows or more."
             )
+        else:
+            lines += [
+                "| repacked weights | flash attention | c(1) ms | c(16)/c(1) | bit-equal rows | same argmax |",
+                "|---|---|---:|---:|---:|---:|",
+            ]
+            for v in data["llamacpp_variants"]:
+                inv = v["batch_invariance"]
+                lines.append(
+                    f"| {v['repack']} | {v['flash_attn']} | {v['c1_ms']} | {v['c16_over_c1']} | "
+                    f"{inv['bit_equal_rows']}/{inv['rows']} | {inv['same_argmax_rows']}/{inv['rows']} |"
+                )
     lines.append(f"\nReproduce: `{data['command']}`")
     return "\n".join(lines) + "\n"
 

@@ -127,18 +127,22 @@ def curve_key(identity: dict) -> str:
     return hashlib.sha256(json.dumps({**identity, "format": FORMAT}, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def model_identity(loaded, device: torch.device) -> dict:
-    """What a cost curve depends on: the model, its precision and the machine it runs on."""
+def model_identity(loaded, device: torch.device, forward: dict | None = None) -> dict:
+    """What a cost curve depends on: the model, its precision, the machine it runs on and, for a forward that
+    another library runs (llama.cpp: :attr:`loosespec.decode.gguf.GgufLM.settings`), that library's settings."""
     from loosespec.hardware import describe_device
 
     precision = loaded.precision.name if loaded.precision is not None else str(next(loaded.model.parameters()).dtype)
-    return {
+    identity = {
         "model": loaded.source.spec,
         "revision": loaded.source.revision,
         "precision": precision,
         **describe_device(device),
         "torch": torch.__version__,
     }
+    if forward:
+        identity["forward"] = forward
+    return identity
 
 
 def cost_curve(
@@ -154,7 +158,7 @@ def cost_curve(
     """The cached curve of ``loaded`` covering ``1 .. max_n``, measured now if there is none."""
     from loosespec.models import cache_root
 
-    identity = model_identity(loaded, lm.device)
+    identity = model_identity(loaded, lm.device, getattr(lm, "settings", None))
     path = (cache_dir or cache_root() / "costs") / f"{curve_key(identity)}.json"
     if path.exists() and not refresh:
         try:

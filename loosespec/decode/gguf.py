@@ -14,11 +14,25 @@ forward rolls it back to the common prefix of those ids and the sequence asked f
 Lossless methods stay lossless only if a row's logits do not depend on how many rows the forward
 carried (``exact`` verifies K + 1 rows where ``ar`` feeds one). llama.cpp does not promise that (its
 server's documentation: logits "are not guaranteed to be bit-for-bit identical for different batch
-sizes"), and ``benchmarks/forward_cost.py`` measures it: on a 2-core AVX2 EPYC no row of a 16-row
-forward was bit-equal to the one-token forward at the same position (``results/forward/``), with or
-without llama.cpp's repacked weights and flash attention. So ``auto`` never runs a target here
-(:func:`loosespec.hardware.resolve_precision`): a draft only proposes, and there the cheapest forward is
-the right one. ``tests/decode/test_gguf.py`` keeps the cache bookkeeping right against a fake context.
+sizes"), and with its defaults it is not: ``benchmarks/forward_cost.py --llamacpp-variants`` found no row of
+a 16-row forward bit-equal to the one-token forward at the same position. Three of llama.cpp's CPU paths
+take a batch another way than a single row, each found by switching it off and measuring:
+
+- repacked weight layouts (its "extra buffer types") run a gemm over 4-row groups and a gemv for one row;
+- the tiled K-quant matmul, from 8 rows on, unpacks the weights into tiles, where one row runs ``vec_dot``;
+- attention: without flash attention the K.Q product goes to llamafile's sgemm from 2 rows on; flash
+  attention with an f16 or f32 cache splits a single query's keys across threads once the cache holds 512
+  positions.
+
+So this forward runs with the weights as the GGUF stores them (:data:`REPACK` off), flash attention on with a
+bfloat16 KV cache (:data:`CACHE_TYPE`: the split path takes f16 and f32 only), and asks for logits only in
+forwards of at most :data:`ROW_CHUNK` positions (a verify of 16 rows runs as 7 + 7 + 2). A prompt's prefill
+(:meth:`GgufLM.prefill`) asks for none and keeps the tiled matmul, the fastest way through a prompt: every method
+prefills the same prompt in the same forward, so it needs to agree only with itself. Measured
+(``benchmarks/forward_cost.py``, results/forward/): every row of a 16-row verify bit-equal to the one-token
+forward, at 128 and at 700 cached positions, for the 1.5B target (Q4_K/Q6_K) and the 0.5B draft
+(Q5_0/Q8_0/Q4_K/Q6_K); ``tests/decode/test_gguf.py`` checks ``exact`` == ``ar`` with the real library where it is
+installed. A 1-token forward costs what llama.cpp's defaults cost.
 
 Needs ``llama-cpp-python`` (builds from source, 10-20 minutes on 2 cores): ``make peers``, or
 ``pip install 'loosespec[peers]'``. Hidden states and attention weights are not returned, so SpecGuard
@@ -39,9 +53,12 @@ from loosespec.decode.kv import CachedLM, common_prefix_len
 from loosespec.errors import LoosespecError
 
 N_BATCH = 512  # positions per llama_decode call (a long prompt is fed in such chunks)
+ROW_CHUNK = 7  # positions per llama_decode call that asks for logits: below the tiled matmul's 8 rows
 MAX_CONTEXT = 8192  # KV positions allocated, unless the model was trained on fewer
-REPACK = True  # llama.cpp's repacked weight layouts (its "extra buffer types")
-FLASH_ATTN = -1  # llama.cpp's flash attention: -1 auto, 0 off, 1 on
+REPACK = False  # llama.cpp's repacked weight layouts (its "extra buffer types"): batch-variant, off
+FLASH_ATTN = 1  # llama.cpp's flash attention: -1 auto, 0 off, 1 on (off sends K.Q to llamafile's sgemm)
+CACHE_TYPE = "bf16"  # the KV cache's type: f16 and f32 take flash attention's split and tiled paths
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type of the KV cache (ggml.h; llama_cpp lacks BF16's name)
 
 
 def available() -> bool:
@@ -113,8 +130,12 @@ class GgufLM:
         n_ctx: int | None = None,
         repack: bool = REPACK,
         flash_attn: int = FLASH_ATTN,
+        cache_type: str = CACHE_TYPE,
+        row_chunk: int = ROW_CHUNK,
     ):
-        self.repack, self.flash_attn = repack, flash_attn
+        if cache_type not in CACHE_TYPES:
+            raise LoosespecError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+        self.repack, self.flash_attn, self.cache_type, self.row_chunk = repack, flash_attn, cache_type, row_chunk
         self.model = model
         self.device = torch.device("cpu")
         self.threads = threads or torch.get_num_threads()
@@ -147,31 +168,56 @@ class GgufLM:
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         cparams.flash_attn_type = self.flash_attn
+        cparams.type_k = cparams.type_v = CACHE_TYPES[self.cache_type]
         ctx = internals.LlamaContext(model=self._lmodel, params=cparams, verbose=False)
         batch = internals.LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False)
         return ctx, batch, self._lmodel.n_vocab(), positions
+
+    @property
+    def settings(self) -> dict:
+        """What this forward's speed and rounding depend on besides the model and the machine (the cost curve's key)."""
+        try:
+            import llama_cpp
+
+            version = llama_cpp.__version__
+        except ImportError:  # the tests' fake context
+            version = None
+        return {
+            "llama_cpp_python": version,
+            "repack": self.repack,
+            "flash_attn": self.flash_attn,
+            "cache_type": self.cache_type,
+            "row_chunk": self.row_chunk,
+        }
 
     def reset(self) -> None:
         self._ctx.kv_cache_clear()
         self.ids = torch.empty(0, dtype=torch.long)
 
     def prefill(self, seq: torch.Tensor) -> None:
-        """Make the cache hold ``seq`` (one forward over what it lacks; nothing when it holds it)."""
+        """Make the cache hold ``seq`` (one forward over what it lacks, in llama.cpp's fastest batched form; nothing
+        when it holds it). Every method prefills its prompt the same way (:func:`loosespec.decode.loop.decode`), so
+        a prefill need not match one-token forwards, only itself."""
         if seq.shape[0] and common_prefix_len(self.ids, seq) < seq.shape[0]:
-            self.logits(seq, rows=1)
+            self._forward(seq, rows=0)
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, rows: int) -> torch.Tensor:
         """Logits of the last ``rows`` positions of ``seq`` ([rows, V] float32 on the CPU), computing only what the
-        cache lacks (as :meth:`CachedLM.logits`)."""
+        cache lacks (as :meth:`CachedLM.logits`). The rows asked for run in forwards of at most ``row_chunk``
+        (:data:`ROW_CHUNK`) positions, where llama.cpp computes each row as a one-token forward would; what comes
+        before them (a catch-up the rows do not ask for) runs in chunks of :data:`N_BATCH`."""
+        if not 1 <= rows <= seq.shape[0]:
+            raise LoosespecError(f"rows must be in 1..{int(seq.shape[0])}, got {rows}")
+        return self._forward(seq, rows)
+
+    def _forward(self, seq: torch.Tensor, rows: int) -> torch.Tensor:
         length = int(seq.shape[0])
         if length > self.max_positions:
             raise LoosespecError(
                 f"sequence of {length} tokens exceeds the llama.cpp context of {self.max_positions} positions"
             )
-        if not 1 <= rows <= min(length, N_BATCH):
-            raise LoosespecError(f"rows must be in 1..{min(length, N_BATCH)}, got {rows}")
-        keep = min(common_prefix_len(self.ids, seq), length - rows)
+        keep = min(common_prefix_len(self.ids, seq), length - max(rows, 1))
         if keep < self.ids.shape[0] and not self._ctx.kv_cache_seq_rm(0, keep, -1):
             self._ctx.kv_cache_clear()  # a partial removal the cache refused: recompute from scratch
             self.recomputes += 1
@@ -179,9 +225,10 @@ class GgufLM:
         ids = seq.tolist()
         batch = self._batch.batch
         first_out = length - rows
-        # chunks of at most N_BATCH positions, the last one holding every row asked for (rows <= N_BATCH)
-        tail = max(keep, length - N_BATCH)
-        chunks = [(s, min(s + N_BATCH, tail)) for s in range(keep, tail, N_BATCH)] + [(tail, length)]
+        chunks = [(s, min(s + N_BATCH, first_out)) for s in range(keep, first_out, N_BATCH)]
+        step = self.row_chunk
+        chunks += [(s, min(s + step, length)) for s in range(max(keep, first_out), length, step)]
+        out = np.empty((rows, self.n_vocab), dtype=np.float32)
         try:
             for start, stop in chunks:
                 batch.n_tokens = stop - start
@@ -192,13 +239,12 @@ class GgufLM:
                     batch.n_seq_id[j] = 1
                     batch.logits[j] = pos >= first_out
                 self._ctx.decode(self._batch)
+                for pos in range(max(start, first_out), stop):  # llama_get_logits_ith: the index in this batch
+                    ptr = self._ctx.get_logits_ith(pos - start)
+                    ctypes.memmove(out[pos - first_out].ctypes.data, ptr, self.n_vocab * 4)
         except BaseException:
             self.reset()  # a decode that failed half-way leaves the cache holding an unknown prefix
             raise
-        out = np.empty((rows, self.n_vocab), dtype=np.float32)
-        for r in range(rows):  # llama_get_logits_ith takes the position's index in the last batch
-            ptr = self._ctx.get_logits_ith(first_out + r - tail)
-            ctypes.memmove(out[r].ctypes.data, ptr, self.n_vocab * 4)
         self._counted(seq, length - keep)
         return torch.from_numpy(out)
 

@@ -1,6 +1,7 @@
 """The llama.cpp forward (--quantize int4): its cache bookkeeping against a fake llama.cpp context and the draft's
 precision rule (always run); on a real GGUF where llama-cpp-python is installed (``make peers``), ``exact`` equal to
-``ar`` token for token with the draft in int4, and an int4 target that runs."""
+``ar`` token for token with the draft in int4 and with the target in int4 (batch-invariant as loosespec runs
+llama.cpp)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class FakeContext:
     def __init__(self):
         self.cache: list[int] = []
         self.fed: list[int] = []  # how many positions each decode call carried
+        self.asked: list[int] = []  # how many of them asked for logits
         self.out: dict[int, ctypes.Array] = {}
 
     def kv_cache_clear(self):
@@ -51,6 +53,7 @@ class FakeContext:
             if b.logits[j]:
                 self.out[j] = (ctypes.c_float * V)(*reference(self.cache))
         self.fed.append(b.n_tokens)
+        self.asked.append(sum(bool(b.logits[j]) for j in range(b.n_tokens)))
 
     def get_logits_ith(self, i):
         return self.out[i]
@@ -68,7 +71,7 @@ class FakeLM(GgufLM):
 @pytest.fixture
 def lm(monkeypatch):
     monkeypatch.setattr(gguf, "N_BATCH", 8)
-    return FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64)
+    return FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, row_chunk=4)
 
 
 def rows_of(seq: list[int], rows: int) -> torch.Tensor:
@@ -76,17 +79,19 @@ def rows_of(seq: list[int], rows: int) -> torch.Tensor:
 
 
 def test_verify_rows_and_rollback(lm):
-    seq = list(range(3, 14))  # 11 ids: fed in chunks of at most 8, the rows asked for in the last one
+    """The rows asked for run in forwards of at most row_chunk positions (each row then runs as a one-token forward
+    would in llama.cpp); what comes before them in chunks of N_BATCH, asking for nothing."""
+    seq = list(range(3, 24))  # 21 ids, the last 6 asked for: 15 catch-up positions as 8 + 7, the rows as 4 + 2
     out = lm.logits(torch.tensor(seq), rows=6)
     assert torch.equal(out, rows_of(seq, 6))
-    assert lm._ctx.fed == [3, 8] and lm._ctx.cache == seq
-    # a rejected draft: the next sequence shares 9 ids; only the rest is fed, after a rollback
-    nxt = seq[:9] + [40, 41, 42]
+    assert lm._ctx.fed == [8, 7, 4, 2] and lm._ctx.asked == [0, 0, 4, 2] and lm._ctx.cache == seq
+    # a rejected draft: the next sequence shares 19 ids; only the rest is fed, after a rollback
+    nxt = seq[:19] + [40, 41, 42]
     assert torch.equal(lm.logits(torch.tensor(nxt), rows=3), rows_of(nxt, 3))
     assert lm._ctx.fed[-1] == 3 and lm._ctx.cache == nxt
     # the same sequence again with more rows: the cache keeps what it can and recomputes the rows asked for
     assert torch.equal(lm.logits(torch.tensor(nxt), rows=5), rows_of(nxt, 5))
-    assert lm._ctx.fed[-1] == 5 and lm.forwards == 3
+    assert lm._ctx.fed[-2:] == [4, 1] and lm.forwards == 3
 
 
 def test_prefill_and_refusals(lm):
@@ -94,10 +99,16 @@ def test_prefill_and_refusals(lm):
     lm.prefill(seq)
     lm.prefill(seq)  # held already: no forward
     assert lm.forwards == 1 and lm._ctx.cache == seq.tolist()
+    assert lm._ctx.fed == [8, 8, 4] and lm._ctx.asked == [0, 0, 0]  # a prefill: N_BATCH chunks, no logits
+    # the row after a prefill runs alone, as ar's and every verify's first row do
+    assert torch.equal(lm.logits(torch.arange(20, 41), rows=1), rows_of(list(range(20, 41)), 1))
+    assert lm._ctx.fed[-1] == 1
     with pytest.raises(LoosespecError, match="exceeds the llama.cpp context"):
         lm.logits(torch.arange(65), rows=1)
     with pytest.raises(LoosespecError, match="rows must be"):
-        lm.logits(torch.arange(12), rows=9)
+        lm.logits(torch.arange(12), rows=13)
+    with pytest.raises(LoosespecError, match="cache_type"):
+        FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, cache_type="int3")
     lm.reset()
     assert lm._ctx.cache == [] and lm.ids.numel() == 0
 
@@ -118,13 +129,14 @@ def test_the_drafts_quantize_follows_an_explicit_target_choice():
     assert draft_quantize_for("int8", "int4") == "int4"  # unless told otherwise
 
 
-def test_a_draft_that_transformers_runs_is_never_put_in_llamacpp_by_auto():
-    from loosespec.decode.engine import draft_role
+def test_a_model_that_transformers_runs_is_never_put_in_llamacpp_by_auto():
+    from loosespec.decode.engine import draft_role, target_role
     from loosespec.hardware import resolve_precision
 
     kw = dict(engine="x86", gguf=True, llamacpp=True)
-    assert resolve_precision("auto", "auto", "cpu", role=draft_role(False), **kw).name == "int4"
-    assert resolve_precision("auto", "auto", "cpu", role=draft_role(True), **kw).name != "int4"
+    for role in (draft_role, target_role):
+        assert resolve_precision("auto", "auto", "cpu", role=role(False), **kw).name == "int4"
+        assert resolve_precision("auto", "auto", "cpu", role=role(True), **kw).name != "int4"
 
 
 needs_llama = pytest.mark.skipif(not gguf.available(), reason="llama-cpp-python not installed (make peers)")
@@ -154,17 +166,40 @@ def test_an_int4_draft_leaves_exact_equal_to_ar():
 
 
 @needs_llama
-def test_an_int4_target_decodes_and_says_so():
-    """--quantize int4 for the target: llama.cpp's forward, batch-variant (benchmarks/forward_cost.py), so nothing
-    here asks exact to equal ar; it must run, verify drafts and record its precision."""
+def test_an_int4_target_is_batch_invariant_past_512_cached_positions():
+    """The settings loosespec runs llama.cpp with (no repacking, flash attention on a bfloat16 cache, logits only in
+    forwards of at most ROW_CHUNK positions): a 16-row verify equals 16 one-token forwards bit for bit, past the 512
+    cached positions where flash attention on an f16 cache splits a single query's keys (which this test catches:
+    with cache_type="f16" no row is equal)."""
+    from loosespec.models import load
+
+    loaded = load("smollm2-135m-instruct", quantize="int4", progress=False)
+    lm = GgufLM(loaded.model)
+    seq = torch.randint(
+        100, int(loaded.model.config.vocab_size), (600 + 16,), generator=torch.Generator().manual_seed(0)
+    )
+    lm.prefill(seq[:600])
+    batched = lm.logits(seq, rows=16).clone()
+    single = torch.stack([lm.logits(seq[: 600 + i + 1], rows=1)[0].clone() for i in range(16)])
+    assert torch.equal(batched, single)
+
+
+@needs_llama
+def test_an_int4_target_keeps_exact_equal_to_ar():
+    """--quantize int4 for the target: llama.cpp's forward, batch-invariant as run here, so exact equals ar token for
+    token while verifying drafts of 8 (two forwards of at most ROW_CHUNK positions each)."""
     from loosespec import DecodeConfig, Engine
 
     eng = Engine.load("smollm2-135m-instruct", draft=None, quantize="int4", progress=False)
     assert eng.precision == "int4"
-    r = eng.generate(
-        "Count from one to twenty in words.",
+    prompt = "Count from one to twenty in words, then count back down to one."
+    ar = eng.generate(prompt, DecodeConfig.create("ar", max_new_tokens=64))
+    ex = eng.generate(
+        prompt,
         DecodeConfig.create(
-            "exact", drafter="ngram", num_draft_tokens=8, max_new_tokens=48, adaptive_draft_length=False
+            "exact", drafter="ngram", num_draft_tokens=8, max_new_tokens=64, adaptive_draft_length=False
         ),
     )
-    assert len(r.token_ids) > 0 and r.stats.precision == "int4" and r.stats.target_forwards <= r.stats.rounds + 1
+    assert ex.token_ids == ar.token_ids
+    assert ex.stats.drafted_tokens > 0 and ex.stats.precision == "int4"
+    assert ex.stats.target_forwards < ar.stats.target_forwards  # drafts were accepted, in fewer forwards
