@@ -165,12 +165,13 @@ def resolve_precision(
     """The precision ``--dtype``/``--quantize`` ask for on this device, with the reason.
 
     ``gguf``: the model has a GGUF file (an embedded model or a ``.gguf`` path), which llama.cpp can run in its own
-    4-bit weights; ``llamacpp``: llama-cpp-python is installed. ``role``: ``target`` or ``draft``. With
-    ``quantize="auto"`` a *draft* with a GGUF goes to llama.cpp (int4) where it is installed: a draft only proposes,
-    its forward is the cheapest there, and its rounding cannot change what the target accepts. A *target* does
-    not: llama.cpp's batched forward rounds a row differently from a one-token forward (``benchmarks/forward_cost.py``
-    measured 0 of 16 rows bit-equal), so ``exact`` would not equal ``ar`` token for token; it is opt-in
-    (``--quantize int4``). ``cpu``, ``cuda_bf16``, ``engine`` and
+    4-bit weights; ``llamacpp``: llama-cpp-python is installed. ``role``: ``target``, ``draft`` or ``torch`` (a model
+    that something will run as a transformers model: SpecGuard's attentions, transformers' ``generate`` peers). With
+    ``quantize="auto"`` on a CPU, a target or a draft with a GGUF goes to llama.cpp (int4) where it is installed: its
+    1-token forward is the cheapest measured (``benchmarks/forward_cost.py``, results/forward/), a draft's rounding
+    cannot change what the target accepts, and a target's verify rows are bit-equal to its one-token forwards as
+    :mod:`loosespec.decode.gguf` runs llama.cpp (measured there and in ``tests/decode/test_gguf.py``). Without
+    llama.cpp, or for ``torch``, int8 (where torch has its int8 engine). ``cpu``, ``cuda_bf16``, ``engine`` and
     ``llamacpp`` default to what this machine reports; tests pass fixtures.
     """
     if dtype not in DTYPE_CHOICES:
@@ -265,13 +266,19 @@ def resolve_precision(
         )
     if device.type == "mps":
         return Precision("float16", "none", "Apple MPS device")
-    if quantize == "auto" and role == "draft" and gguf and llamacpp:
+    if quantize == "auto" and role in ("target", "draft") and gguf and llamacpp:
+        if role == "draft":
+            why = "a draft only proposes, and its rounding cannot change what the target accepts"
+        else:
+            why = (
+                "batch-invariant as loosespec runs llama.cpp (loosespec.decode.gguf), so lossless methods stay "
+                "token-identical to ar"
+            )
         return Precision(
             "float32",
             "int4",
-            "a draft with a GGUF file and llama.cpp installed: a draft only proposes, llama.cpp's 4-bit "
-            "forward reads the fewest bytes per token (benchmarks/forward_cost.py measures it against "
-            "int8), and its rounding cannot change what the target accepts",
+            f"a GGUF {role} with llama.cpp installed: its 4-bit forward reads about 0.63 of int8's bytes, the "
+            f"cheapest 1-token forward measured (benchmarks/forward_cost.py); {why}",
         )
     cpu = cpu or cpu_info()
     if quantize == "auto" and engine is not None:

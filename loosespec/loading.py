@@ -31,9 +31,10 @@ QUANTIZE_HELP = (
     "bfloat16 activations (torch's packed int4 CPU kernel, transformers' int4_weight_only), about 0.63 of int8's bytes, "
     "each row computed alone so lossless methods stay equal to ar within it, CPU only; int4: the GGUF's own 4-bit weights "
     "run by llama.cpp (embedded models and .gguf files; needs llama-cpp-python: make peers), CPU only, "
-    "no SpecGuard; its batched forward rounds rows differently from a 1-token forward, so lossless "
-    "methods are not token-identical to ar in it; auto: int8 on a CPU with torch's int8 engine "
-    "when --dtype is auto (never int4 for a target; see --draft-quantize)"
+    "no SpecGuard or hf-* peers; run so that a verify row equals a 1-token forward, lossless methods stay "
+    "equal to ar in it; auto (with --dtype auto, on a CPU): int4 for a GGUF model where llama-cpp-python is "
+    "installed and nothing needs it in transformers (SpecGuard, hf-* peers), else int8 where torch has its "
+    "int8 engine"
 )
 DRAFT_QUANTIZE_HELP = (
     "auto | none | int8 | w4a16 | int4: the draft model's --quantize. auto: as --quantize when that is "

@@ -280,8 +280,9 @@ def load(
     (:func:`loosespec.hardware.resolve_precision`); ``quantize="int8"`` replaces the Linear layers by
     per-token int8 ones (:mod:`loosespec.quant`), cached after the first load; ``quantize="w4a16"`` by 4-bit
     ones (:class:`loosespec.quant.W4A16Linear`), quantized at load; ``quantize="int4"`` runs the GGUF
-    file itself in llama.cpp (:mod:`loosespec.decode.gguf`). ``role="draft"``: ``auto`` may pick int4 for a draft,
-    never for a target (:func:`~loosespec.hardware.resolve_precision`).
+    file itself in llama.cpp (:mod:`loosespec.decode.gguf`). ``role``: ``target``, ``draft`` or ``torch`` (a model
+    something will run in transformers); ``auto`` may pick int4 for the first two
+    (:func:`~loosespec.hardware.resolve_precision`).
 
     A Hugging Face Hub id loads at ``revision`` (a branch, tag or commit; ``None``: the default branch, whose
     commit is printed and recorded in ``source.revision``), safetensors weights only: a repository with only

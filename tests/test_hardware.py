@@ -137,18 +137,22 @@ def test_cuda_auto_reads_the_compute_capability_not_emulated_bf16(monkeypatch, c
 
 
 @pytest.mark.parametrize("machine", ["epyc_zen3", "sapphire_rapids_amx"])
-def test_auto_runs_a_gguf_draft_in_llamacpp_and_keeps_the_target_batch_invariant(machine):
-    """A draft only proposes, so its cheapest forward wins; a target's verify forward must round a row as a
-    one-token forward does, which llama.cpp's does not (benchmarks/forward_cost.py), so int4 stays opt-in there."""
+def test_auto_runs_gguf_models_in_llamacpp_unless_transformers_must_run_them(machine):
+    """A draft only proposes, and a target's verify rows are bit-equal to its one-token forwards as loosespec runs
+    llama.cpp (tests/decode/test_gguf.py), so auto takes llama.cpp's cheaper forward for both where it is installed;
+    a model that transformers must run (role "torch": SpecGuard, hf-* peers) keeps the torch precision."""
     kw = dict(cpu=cpu(machine), engine="x86", gguf=True, llamacpp=True)
-    draft = resolve_precision("auto", "auto", "cpu", role="draft", **kw)
-    assert (draft.name, draft.quantize) == ("int4", "int4") and "llama.cpp" in draft.reason
-    target = resolve_precision("auto", "auto", "cpu", **kw)
-    assert target.name in ("int8", "bfloat16")
-    assert resolve_precision("auto", "int4", "cpu", **kw).name == "int4"  # asked for: given
-    for other in (dict(kw, llamacpp=False), dict(kw, gguf=False)):
-        assert resolve_precision("auto", "auto", "cpu", role="draft", **other).name == target.name
+    for role in ("target", "draft"):
+        p = resolve_precision("auto", "auto", "cpu", role=role, **kw)
+        assert (p.name, p.quantize) == ("int4", "int4") and "llama.cpp" in p.reason and role in p.reason
+    torch_side = resolve_precision("auto", "auto", "cpu", role="torch", **kw)
+    assert torch_side.name in ("int8", "bfloat16")
+    for other in (dict(kw, llamacpp=False), dict(kw, gguf=False)):  # no llama.cpp, or no GGUF: as for torch
+        for role in ("target", "draft"):
+            assert resolve_precision("auto", "auto", "cpu", role=role, **other).name == torch_side.name
     assert resolve_precision("auto", "int8", "cpu", role="draft", **kw).name == "int8"  # asked for: kept
+    assert resolve_precision("float32", "auto", "cpu", **kw).name == "float32"  # a dtype asked for: no llama.cpp
+    assert resolve_precision("auto", "auto", "cuda", cuda_bf16=True, **kw).name == "bfloat16"  # a GPU: never
 
 
 def test_memory_bandwidth_counts_what_each_kind_moves(monkeypatch):

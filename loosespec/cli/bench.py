@@ -183,14 +183,18 @@ def bench(
     from loosespec.models import pick_device
 
     resolved = str(pick_device(load.device))
-    from loosespec.decode.engine import draft_quantize_for, draft_role
+    from loosespec.decode.engine import draft_quantize_for, draft_role, target_role
     from loosespec.hardware import resolve_precision
     from loosespec.models import has_gguf
 
-    # SpecGuard reads the draft's attentions and hf-assist runs it in transformers: no llama.cpp draft for them
+    # SpecGuard reads the draft's attentions and hf-assist runs it in transformers: no llama.cpp draft for them;
+    # SpecGuard and transformers' generate peers (hf-*) need the target in transformers too
     torch_draft = any(M.bench_method(m).torch_draft for m in method_list)
+    torch_target = torch_draft or any(M.bench_method(m).kind == "hf" for m in method_list)
 
-    precision = resolve_precision(dtype, load.quantize, pick_device(load.device), gguf=has_gguf(target))
+    precision = resolve_precision(
+        dtype, load.quantize, pick_device(load.device), gguf=has_gguf(target), role=target_role(torch_target)
+    )
     draft_precision = (
         None
         if draft_spec is None
@@ -246,7 +250,9 @@ def bench(
         from loosespec.decode.engine import Engine
         from loosespec.decode.text import encode_prompt
 
-        engine = Engine.load_from(load.replace(draft=load_draft, device=resolved), torch_draft=torch_draft)
+        engine = Engine.load_from(
+            load.replace(draft=load_draft, device=resolved), torch_draft=torch_draft, torch_target=torch_target
+        )
         if dataset == "niah":  # sized in the target's tokens
             problems = D.load_dataset(
                 dataset, limit, data_dir, **options, count_tokens=lambda t: len(engine.tokenizer(t).input_ids)

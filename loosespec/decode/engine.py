@@ -195,9 +195,15 @@ def draft_quantize_for(quantize: str, draft_quantize: str = "auto") -> str:
 
 
 def draft_role(torch_draft: bool) -> str:
-    """The role the draft's ``auto`` precision is resolved for: ``target`` (never int4) when something will run the
+    """The role the draft's ``auto`` precision is resolved for: ``torch`` (never int4) when something will run the
     draft as a transformers model (SpecGuard's attentions, transformers' assisted generation), else ``draft``."""
-    return "target" if torch_draft else "draft"
+    return "torch" if torch_draft else "draft"
+
+
+def target_role(torch_target: bool) -> str:
+    """The role the target's ``auto`` precision is resolved for: ``torch`` (never int4) when something will run the
+    target as a transformers model (SpecGuard, transformers' ``generate`` peers), else ``target``."""
+    return "torch" if torch_target else "target"
 
 
 def _output_rows(model) -> int:
@@ -274,6 +280,7 @@ class Engine:
         *,
         progress: bool = True,
         torch_draft: bool = False,
+        torch_target: bool = False,
         **options,
     ) -> "Engine":
         """Load ``target`` and ``draft`` (None or ``"none"``: no draft model; ``"auto"``: the default draft for the
@@ -281,16 +288,23 @@ class Engine:
         (``dtype``, ``quantize``, ``draft_quantize``, ``device``, ``revision``, ``draft_revision``,
         ``cache_implementation``, ``compile``, ``max_cache_len``; their defaults there): :meth:`load_from`."""
         return cls.load_from(
-            LoadConfig(target=target, draft=draft, **options), progress=progress, torch_draft=torch_draft
+            LoadConfig(target=target, draft=draft, **options),
+            progress=progress,
+            torch_draft=torch_draft,
+            torch_target=torch_target,
         )
 
     @classmethod
-    def load_from(cls, cfg: LoadConfig, *, progress: bool = True, torch_draft: bool = False) -> "Engine":
+    def load_from(
+        cls, cfg: LoadConfig, *, progress: bool = True, torch_draft: bool = False, torch_target: bool = False
+    ) -> "Engine":
         """The engine ``cfg`` describes. ``dtype``/``quantize`` ``auto``: the precision this hardware verifies fastest
         in (:func:`loosespec.hardware.resolve_precision`). ``draft_quantize``: the draft's; ``auto`` is ``quantize``
         when that is given, and with ``quantize="auto"`` the draft's own choice (int4 in llama.cpp for a GGUF draft
         where llama-cpp-python is installed: :func:`draft_quantize_for`), unless ``torch_draft`` (SpecGuard,
-        transformers' assisted generation: :func:`draft_role`). The cache options: :meth:`__init__`.
+        transformers' assisted generation: :func:`draft_role`). The target's ``auto`` is int4 in llama.cpp on the same
+        terms, unless ``torch_target`` or ``torch_draft`` (SpecGuard reads both models; transformers' ``generate``
+        peers run the target: :func:`target_role`). The cache options: :meth:`__init__`.
         ``revision``/``draft_revision``: the Hugging Face Hub revision of a target/draft given as a Hub id
         (:func:`loosespec.models.load`); for any other kind of model an error, before anything loads."""
         check_cache_options(cfg.cache_implementation, cfg.compile)  # before loading anything
@@ -307,7 +321,15 @@ class Engine:
         check_revision(cfg.target, cfg.revision, "--revision")
         if draft is not None:
             check_revision(draft, cfg.draft_revision, "--draft-revision")
-        t = load(cfg.target, cfg.dtype, cfg.device, progress, cfg.quantize, revision=cfg.revision)
+        t = load(
+            cfg.target,
+            cfg.dtype,
+            cfg.device,
+            progress,
+            cfg.quantize,
+            target_role(torch_target or torch_draft),
+            revision=cfg.revision,
+        )
         d = (
             load(
                 draft,
