@@ -715,3 +715,50 @@ def test_prose_below_the_generated_blocks_matches_them():
     said.append(f"a drafted target token costs {min(ratios):.2f} to {max(ratios):.2f} draft-model tokens")
     text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
     assert [s for s in said if s not in text] == []
+
+
+def _int4_invariant_prose() -> list[str]:
+    """BENCHMARKS.md's sentences on the batch-invariant int4 forward (results/bench/forward-int4-invariant and its
+    forward-cost file), each figure computed from the result files."""
+    import json
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from forward_compare import compare
+
+    root = ROOT / "results/bench/forward-int4-invariant"
+    table = {}
+    for line in compare(root).splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 9 and re.fullmatch(r"\w+ / \w+", cells[0]):
+            table[(cells[0].split(" / ")[0], cells[1])] = cells
+    cost = json.loads((ROOT / "results/forward/20261207-0034-intel-r-xeon-r-processor-2-80ghz.json").read_text())
+    c2 = {r["precision"]: r["ratios"]["2"] for r in cost["rows"] if r["model"] == cost["target"]}
+    ours = cost["llamacpp_variants"][-1]
+    default = cost["llamacpp_variants"][0]
+    assert (ours["repack"], ours["flash_attn"], ours["cache_type"], ours["row_chunk"]) == (False, 1, "bf16", 7)
+    inv = [ours[k]["bit_equal_rows"] for k in ("batch_invariance", "batch_invariance_long")]
+    assert inv == [16, 16], "the prose says every row is bit-equal at both contexts"
+    d = [default[k]["bit_equal_rows"] for k in ("batch_invariance", "batch_invariance_long")]
+    same = {table[("int4", m)][7] for m in ("exact-ngram", "exact-mla")}
+    assert len(same) == 1
+    return [
+        f"{same.pop()} prompts token-identical to `ar` for both `exact-ngram` and `exact-mla`",
+        f"cached positions ({max(d)}/16 with llama.cpp's defaults)",
+        f"`ar` in int4 at {table[('int4', 'ar')][5]} `llamacpp-ar` in the same run, against "
+        f"{table[('int8', 'ar')][5]} for `ar` in int8 in its own",
+        f"(c(2)/c(1) {c2['int4']:.2f} against {c2['int8']:.2f}, the forward-cost table)",
+        f"({table[('int4', 'exact-mla')][8]} draft-model rounds with the int4 target); the best lossless method, "
+        f"`exact-ngram`, ran at {table[('int4', 'exact-ngram')][5]} `llamacpp-ar`",
+        f"`llamacpp-spec`, at {table[('int4', 'llamacpp-spec')][5]} `llamacpp-ar` (its draft's tokens accepted "
+        f"{table[('int4', 'llamacpp-spec')][8].replace('/', ' of ')} times)",
+        f"ran at {table[('int4', 'llamacpp-ar')][3]} and then {table[('int8', 'llamacpp-ar')][3]} tok/s",
+    ]
+
+
+def test_int4_invariant_prose_matches_the_results():
+    import re
+
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [s for s in _int4_invariant_prose() if s not in text] == []
