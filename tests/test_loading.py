@@ -89,6 +89,7 @@ def test_engine_load_takes_the_load_options(monkeypatch):
         "draft",
         "progress",
         "torch_draft",
+        "torch_target",
         "options",
     ]
     seen = []
@@ -106,7 +107,9 @@ def test_engine_load_takes_the_load_options(monkeypatch):
     }
     assert set(values) | {"target", "draft"} == set(LOAD_OPTIONS)
     Engine.load("t", "d", progress=False, **values)
-    assert seen == [(LoadConfig(target="t", draft="d", **values), {"progress": False, "torch_draft": False})]
+    assert seen == [
+        (LoadConfig(target="t", draft="d", **values), {"progress": False, "torch_draft": False, "torch_target": False})
+    ]
     Engine.load()
     assert seen[-1][0] == LoadConfig(target=DEFAULT_TARGET, draft=DEFAULT_DRAFT)
     with pytest.raises(TypeError):

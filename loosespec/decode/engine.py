@@ -321,15 +321,8 @@ class Engine:
         check_revision(cfg.target, cfg.revision, "--revision")
         if draft is not None:
             check_revision(draft, cfg.draft_revision, "--draft-revision")
-        t = load(
-            cfg.target,
-            cfg.dtype,
-            cfg.device,
-            progress,
-            cfg.quantize,
-            target_role(torch_target or torch_draft),
-            revision=cfg.revision,
-        )
+        role = target_role(torch_target or torch_draft)
+        t = load(cfg.target, cfg.dtype, cfg.device, progress, cfg.quantize, role, revision=cfg.revision)
         d = (
             load(
                 draft,
