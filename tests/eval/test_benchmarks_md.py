@@ -762,3 +762,41 @@ def test_int4_invariant_prose_matches_the_results():
 
     text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
     assert [s for s in _int4_invariant_prose() if s not in text] == []
+
+
+def test_int4_accuracy_prose_matches_the_results():
+    """The paragraph on int4's accuracy (make bench-precision-int4) restates its generated blocks."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from precision_accuracy import compare
+
+    def counts(s: str, other: str):
+        right = {m: int(r) for m, r, _ in re.findall(r"^\| (int4|int8|float32) \| (\d+)/(\d+) =", s, re.M)}
+        n = int(re.search(r"^\| int4 \| \d+/(\d+) =", s, re.M).group(1))
+        only = re.search(
+            rf"right in int4 only: \d+; right in {other} only: \d+; exact McNemar p = (\d\.\d+); "
+            r"outputs identical token for token: (\d+)/\d+",
+            s,
+        )
+        return right, n, float(only.group(1)), int(only.group(2))
+
+    p = ROOT / "results/bench/precision"
+    c = {
+        (s, o): counts(compare(p / f"{s}-int4", p / f"{s}-{o}"), o)
+        for s in ("gsm8k", "humaneval")
+        for o in ("int8", "float32")
+    }
+    assert {v[2] for v in c.values()} == {1.0}  # "every exact McNemar p = 1.0"
+    (g8, gn8, _, gs8), (g32, gn32, _, gs32) = c[("gsm8k", "int8")], c[("gsm8k", "float32")]
+    (h8, hn8, _, hs8), (h32, hn32, _, hs32) = c[("humaneval", "int8")], c[("humaneval", "float32")]
+    said = [
+        f"GSM8K: int4 got {g8['int4']} of the first {gn8} right against int8's {g8['int8']}, and {g32['int4']} of the "
+        f"first {gn32} against float32's {g32['float32']}; HumanEval: {h8['int4']} of {hn8} against int8's "
+        f"{h8['int8']} and float32's {h32['float32']}.",
+        f"it shares {hs32} of {hn32} HumanEval outputs and {gs32} of {gn32} GSM8K ones with float32 token for token "
+        f"(with int8: {hs8} of {hn8} and {gs8} of {gn8}).",
+    ]
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [s for s in said if s not in text] == []
