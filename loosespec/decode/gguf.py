@@ -32,8 +32,9 @@ prefills the same prompt in the same forward, so it needs to agree only with its
 (``benchmarks/forward_cost.py``, results/forward/): every row of a 16-row verify bit-equal to the one-token
 forward, at 128 and at 700 cached positions, for the 1.5B target (Q4_K/Q6_K) and the 0.5B draft
 (Q5_0/Q8_0/Q4_K/Q6_K); ``tests/decode/test_gguf.py`` checks ``exact`` == ``ar`` with the real library where it is
-installed. A 1-token forward costs about what llama.cpp's defaults cost (within the machine's drift in the
-variants table; ``ar`` ran at 1.03x ``llamacpp-ar`` on Spec-Bench, BENCHMARKS.md).
+installed. A 1-token forward costs about what llama.cpp's defaults cost: 78.3 against 68.6 ms in the variants
+table (timed minutes apart on a machine that drifts), while ``ar`` ran at 1.03x ``llamacpp-ar`` on Spec-Bench,
+prompt by prompt in one run (BENCHMARKS.md).
 
 Needs ``llama-cpp-python`` (builds from source, 10-20 minutes on 2 cores): ``make peers``, or
 ``pip install 'loosespec[peers]'``. Hidden states and attention weights are not returned, so SpecGuard
