@@ -672,36 +672,48 @@ def test_figures_quoted_in_prose_match_the_result_files():
     assert not wrong, "figures that differ from the result files (or moved):\n" + "\n".join(wrong)
 
 
-def test_prose_below_the_generated_blocks_matches_them():
-    """The int8 paragraph and the draft-units range restate what the generated blocks say: checked against
-    the same result files."""
+def _precision_pair(a: str, b: str, dataset: str) -> dict:
+    """``benchmarks/precision_accuracy.py``'s comparison of ``ar`` in precisions ``a`` and ``b`` on ``dataset``
+    (results/bench/precision/), read back as the strings it prints: ``right`` per precision ("12/30"), ``only``
+    (right in a only, in b only), ``p`` (exact McNemar) and ``same`` (outputs identical, of how many)."""
     import re
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from precision_accuracy import compare
 
+    p = ROOT / "results/bench/precision"
+    text = compare(p / f"{dataset}-{a}", p / f"{dataset}-{b}")
+    only = re.search(
+        rf"right in {a} only: (\d+); right in {b} only: (\d+); exact McNemar p = (\d\.\d+); "
+        r"outputs identical token for token: (\d+)/(\d+)",
+        text,
+    )
+    return {
+        "right": dict(re.findall(rf"^\| ({a}|{b}) \| (\d+/\d+) =", text, re.M)),
+        "only": only.groups()[:2],
+        "p": only.group(3),
+        "same": only.groups()[3:],
+    }
+
+
+def test_prose_below_the_generated_blocks_matches_them():
+    """The int8 paragraph and the draft-units range restate what the generated blocks say: checked against
+    the same result files."""
+    import re
+
     from loosespec.eval.results import RESULTS, ResultsFile
 
-    def counts(s: str):
-        table = dict(re.findall(r"^\| (int8|float32) \| (\d+/\d+) =", s, re.M))
-        only = re.search(
-            r"right in int8 only: (\d+); right in float32 only: (\d+); exact McNemar p = (\d\.\d)\d*; "
-            r"outputs identical token for token: (\d+)/(\d+)",
-            s,
-        )
-        return table, only.groups()
-
-    p = "results/bench/precision/"
-    (g, (g_i8, g_f32, g_p, g_same, g_n)), (h, (h_i8, h_f32, h_p, h_same, h_n)) = (
-        counts(compare(ROOT / f"{p}{s}-int8", ROOT / f"{p}{s}-float32")) for s in ("gsm8k", "humaneval")
-    )
-    assert (g_i8, g_f32, g_p) == (h_i8, h_f32, h_p) and g_same == "0"  # the paragraph says "in each" and "none"
+    g, h = (_precision_pair("int8", "float32", s) for s in ("gsm8k", "humaneval"))
+    g_i8, g_f32 = g["only"]
+    g_p, h_p = (x["p"][:3] for x in (g, h))  # the paragraph quotes one decimal, as written
+    assert (g["only"], g_p) == (h["only"], h_p) and g["same"][0] == "0"  # the paragraph says "in each" and "none"
     said = [
-        f"int8 got {h['int8']} HumanEval and {g['int8']} GSM8K answers right, float32 {h['float32']} and "
-        f"{g['float32']}: in each set float32 alone got {g_f32} right and int8 alone {g_i8} (exact McNemar p = "
-        f"{g_p} in each)",
-        f"({h_same} of the {h_n} HumanEval outputs and none of the {g_n} GSM8K ones are token for token the same)",
+        f"int8 got {h['right']['int8']} HumanEval and {g['right']['int8']} GSM8K answers right, float32 "
+        f"{h['right']['float32']} and {g['right']['float32']}: in each set float32 alone got {g_f32} right and int8 "
+        f"alone {g_i8} (exact McNemar p = {g_p} in each)",
+        f"({h['same'][0]} of the {h['same'][1]} HumanEval outputs and none of the {g['same'][1]} GSM8K ones are token "
+        "for token the same)",
     ]
     ratios = []
     for d in (ROOT / "results/bench/xtok").iterdir():
@@ -767,34 +779,27 @@ def test_int4_invariant_prose_matches_the_results():
 def test_int4_accuracy_prose_matches_the_results():
     """The paragraph on int4's accuracy (make bench-precision-int4) restates its generated blocks."""
     import re
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from precision_accuracy import compare
+    c = {(s, o): _precision_pair("int4", o, s) for s in ("gsm8k", "humaneval") for o in ("int8", "float32")}
+    assert {float(v["p"]) for v in c.values()} == {1.0}  # "every exact McNemar p = 1.0"
 
-    def counts(s: str, other: str):
-        right = {m: int(r) for m, r, _ in re.findall(r"^\| (int4|int8|float32) \| (\d+)/(\d+) =", s, re.M)}
-        n = int(re.search(r"^\| int4 \| \d+/(\d+) =", s, re.M).group(1))
-        only = re.search(
-            rf"right in int4 only: \d+; right in {other} only: \d+; exact McNemar p = (\d\.\d+); "
-            r"outputs identical token for token: (\d+)/\d+",
-            s,
-        )
-        return right, n, float(only.group(1)), int(only.group(2))
+    def right(s, o, m):
+        return c[(s, o)]["right"][m].split("/")
 
-    p = ROOT / "results/bench/precision"
-    c = {
-        (s, o): counts(compare(p / f"{s}-int4", p / f"{s}-{o}"), o)
-        for s in ("gsm8k", "humaneval")
-        for o in ("int8", "float32")
-    }
-    assert {v[2] for v in c.values()} == {1.0}  # "every exact McNemar p = 1.0"
-    (g8, gn8, _, gs8), (g32, gn32, _, gs32) = c[("gsm8k", "int8")], c[("gsm8k", "float32")]
-    (h8, hn8, _, hs8), (h32, hn32, _, hs32) = c[("humaneval", "int8")], c[("humaneval", "float32")]
+    (g4, gn8), (g8, _), (g432, gn32), (g32, _) = (
+        right("gsm8k", o, m)
+        for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "int4"), ("float32", "float32"))
+    )
+    (h4, hn8), (h8, _), (h32, _) = (
+        right("humaneval", o, m) for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "float32"))
+    )
+    hs32, hn32 = c[("humaneval", "float32")]["same"]
+    gs32, _ = c[("gsm8k", "float32")]["same"]
+    hs8, _ = c[("humaneval", "int8")]["same"]
+    gs8, _ = c[("gsm8k", "int8")]["same"]
     said = [
-        f"GSM8K: int4 got {g8['int4']} of the first {gn8} right against int8's {g8['int8']}, and {g32['int4']} of the "
-        f"first {gn32} against float32's {g32['float32']}; HumanEval: {h8['int4']} of {hn8} against int8's "
-        f"{h8['int8']} and float32's {h32['float32']}.",
+        f"GSM8K: int4 got {g4} of the first {gn8} right against int8's {g8}, and {g432} of the first {gn32} against "
+        f"float32's {g32}; HumanEval: {h4} of {hn8} against int8's {h8} and float32's {h32}.",
         f"it shares {hs32} of {hn32} HumanEval outputs and {gs32} of {gn32} GSM8K ones with float32 token for token "
         f"(with int8: {hs8} of {hn8} and {gs8} of {gn8}).",
     ]
