@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loosespec.cost import format_curve, measure, weight_bytes  # noqa: E402
-from loosespec.decode.gguf import N_BATCH, ROW_CHUNK, GgufLM, is_gguf  # noqa: E402
+from loosespec.decode.gguf import N_BATCH, PREFILL_REPACK, ROW_CHUNK, GgufLM, is_gguf  # noqa: E402
 from loosespec.decode.kv import CachedLM  # noqa: E402
 from loosespec.fileio import atomic_write_text  # noqa: E402
 from loosespec.hardware import cpu_info, describe_device, memory_bandwidth  # noqa: E402
@@ -115,15 +115,17 @@ def one(spec: str, precision: str, read_bw: float) -> dict:
 
 
 LONG_CONTEXT = 700  # past 512 cached positions, where flash attention splits a single query's keys (f16/f32 cache)
-# (repack, flash attention, KV cache type, positions per forward that asks for logits): llama.cpp's defaults, then
-# loosespec's setting (the last row) with one of its parts switched back at a time
+# (repack, flash attention, KV cache type, positions per forward that asks for logits, the prefill's weight layout
+# (None: the decoding context's own)): llama.cpp's defaults, then loosespec's setting (the last row) with one of its
+# parts switched back at a time, and the setting before this one (weights as the GGUF stores them, rows in pieces of 7)
 VARIANTS = [
-    (True, -1, "f16", N_BATCH),
-    (False, 1, "bf16", N_BATCH),
-    (True, 1, "bf16", ROW_CHUNK),
-    (False, 0, "f16", ROW_CHUNK),
-    (False, 1, "f16", ROW_CHUNK),
-    (False, 1, "bf16", ROW_CHUNK),
+    (True, -1, "f16", N_BATCH, None),
+    (False, 1, "bf16", N_BATCH, None),
+    (True, 1, "bf16", 4, PREFILL_REPACK),
+    (True, 0, "f16", ROW_CHUNK, PREFILL_REPACK),
+    (True, 1, "f16", ROW_CHUNK, PREFILL_REPACK),
+    (False, 1, "bf16", 7, None),
+    (True, 1, "bf16", ROW_CHUNK, PREFILL_REPACK),
 ]
 
 
@@ -133,8 +135,10 @@ def llamacpp_variants(spec: str) -> list[dict]:
     loaded = load(spec, quantize="int4", progress=False)
     vocab = int(loaded.model.config.vocab_size)
     out = []
-    for repack, fa, cache, chunk in VARIANTS:
-        lm = GgufLM(loaded.model, repack=repack, flash_attn=fa, cache_type=cache, row_chunk=chunk)
+    for repack, fa, cache, chunk, prefill_repack in VARIANTS:
+        lm = GgufLM(
+            loaded.model, repack=repack, flash_attn=fa, cache_type=cache, row_chunk=chunk, prefill_repack=prefill_repack
+        )
         curve = measure(lm, ROWS, context=CONTEXT, vocab=vocab, repeats=3)
         out.append(
             {
@@ -202,23 +206,34 @@ def render(data: dict) -> str:
         new = "cache_type" in data["llamacpp_variants"][0]  # runs before the cache type was varied lack it
         lines += ["", "llama.cpp's settings, target in int4 (3 repeats each):", ""]
         if new:
+            layout = "prefill_repack" in data["llamacpp_variants"][0]  # runs before the prefill had its own context
             lines += [
-                "| repacked weights | flash attention | KV cache | positions per forward with logits | c(1) ms | "
-                f"c(2)/c(1) | c(4)/c(1) | c(16)/c(1) | prefill {PREFILL} tokens s | bit-equal rows, {CONTEXT} cached | "
-                f"bit-equal rows, {LONG_CONTEXT} cached |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| repacked weights | flash attention | KV cache | positions per forward with logits | "
+                + ("prefill's weights | " if layout else "")
+                + f"c(1) ms | c(2)/c(1) | c(4)/c(1) | c(16)/c(1) | prefill {PREFILL} tokens s | "
+                f"bit-equal rows, {CONTEXT} cached | bit-equal rows, {LONG_CONTEXT} cached |",
+                "|---|---|---|---:|" + ("---|" if layout else "") + "---:|---:|---:|---:|---:|---:|---:|",
             ]
             fa = {-1: "auto", 0: "off", 1: "on"}
             for v in data["llamacpp_variants"]:
                 inv, inv_long = v["batch_invariance"], v["batch_invariance_long"]
                 lines.append(
-                    f"| {v['repack']} | {fa[v['flash_attn']]} | {v['cache_type']} | {v['row_chunk']} | {v['c1_ms']} | "
-                    f"{v['c2_over_c1']} | {v['c4_over_c1']} | {v['c16_over_c1']} | {v['prefill']['seconds']:.2f} | "
+                    f"| {v['repack']} | {fa[v['flash_attn']]} | {v['cache_type']} | {v['row_chunk']} | "
+                    + (f"{'repacked' if v['prefill_repack'] else 'as stored'} | " if layout else "")
+                    + f"{v['c1_ms']} | {v['c2_over_c1']} | {v['c4_over_c1']} | {v['c16_over_c1']} | "
+                    f"{v['prefill']['seconds']:.2f} | "
                     f"{inv['bit_equal_rows']}/{inv['rows']} | {inv_long['bit_equal_rows']}/{inv_long['rows']} |"
                 )
             lines.append(
-                f"\nThe last row is what `--quantize int4` runs (loosespec/decode/gguf.py); {N_BATCH} positions per "
-                "forward: the 16 rows in one forward, where llama.cpp's tiled matmul takes 8 rows or more."
+                "\nThe last row is what `--quantize int4` ran when this was measured (loosespec/decode/gguf.py); "
+                f"{N_BATCH} positions per forward: the 16 rows in one forward, where llama.cpp's tiled matmul takes 8 "
+                "rows or more"
+                + (
+                    "; prefill's weights: the weight layout of the context that prefills the prompt (its cache is "
+                    "then copied into the decoding context where they differ)."
+                    if layout
+                    else "."
+                )
             )
         else:
             lines += [

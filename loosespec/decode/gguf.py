@@ -18,23 +18,29 @@ sizes"), and with its defaults it is not: ``benchmarks/forward_cost.py --llamacp
 a 16-row forward bit-equal to the one-token forward at the same position. Three of llama.cpp's CPU paths
 take a batch another way than a single row, each found by switching it off and measuring:
 
-- repacked weight layouts (its "extra buffer types") run a gemm over 4-row groups and a gemv for one row;
+- repacked weight layouts (its "extra buffer types") run a gemm over each group of 4 rows and a gemv for the
+  rows left over (fewer than 4), one row at a time;
 - the tiled K-quant matmul, from 8 rows on, unpacks the weights into tiles, where one row runs ``vec_dot``;
 - attention: without flash attention the K.Q product goes to llamafile's sgemm from 2 rows on; flash
   attention with an f16 or f32 cache splits a single query's keys across threads once the cache holds 512
   positions.
 
-So this forward runs with the weights as the GGUF stores them (:data:`REPACK` off), flash attention on with a
-bfloat16 KV cache (:data:`CACHE_TYPE`: the split path takes f16 and f32 only), and asks for logits only in
-forwards of at most :data:`ROW_CHUNK` positions (a verify of 16 rows runs as 7 + 7 + 2). A prompt's prefill
-(:meth:`GgufLM.prefill`) asks for none and keeps the tiled matmul, the fastest way through a prompt: every method
-prefills the same prompt in the same forward, so it needs to agree only with itself. Measured
-(``benchmarks/forward_cost.py``, results/forward/): every row of a 16-row verify bit-equal to the one-token
-forward, at 128 and at 700 cached positions, for the 1.5B target (Q4_K/Q6_K) and the 0.5B draft
+So this forward keeps llama.cpp's repacked weights (:data:`REPACK`: their gemv is llama.cpp's fastest one-token
+path) but asks for logits only in forwards of at most :data:`ROW_CHUNK` = 3 positions, below the gemm's 4-row
+groups and the tiled matmul's 8 rows, so every row runs the gemv a one-token forward runs (a verify of 16 rows
+runs as 3 + 3 + 3 + 3 + 3 + 1); and it runs flash attention on a bfloat16 KV cache (:data:`CACHE_TYPE`: the
+split path takes f16 and f32 only). A prompt's prefill asks for no logits and needs to agree only with itself
+(every method prefills the same prompt the same way): it runs in llama.cpp's fastest batched form, a second
+context over the weights as the GGUF stores them (:data:`PREFILL_REPACK`, the tiled matmul; repacked weights
+prefilled 512 tokens in 6.69 s against 4.13 s in results/forward/20261207-0258-amd-epyc.md), whose KV cache is then
+copied into the decoding context (``llama_state_seq_get_data``/``set_data``).
+
+Measured (``benchmarks/forward_cost.py``, results/forward/): every row of a 16-row verify bit-equal to the
+one-token forward, at 128 and at 700 cached positions, for the 1.5B target (Q4_K/Q6_K) and the 0.5B draft
 (Q5_0/Q8_0/Q4_K/Q6_K); ``tests/decode/test_gguf.py`` checks ``exact`` == ``ar`` with the real library where it is
-installed. A 1-token forward costs about what llama.cpp's defaults cost: 78.3 against 68.6 ms in the variants
-table (timed minutes apart on a machine that drifts), while ``ar`` ran at 1.03x ``llamacpp-ar`` on Spec-Bench,
-prompt by prompt in one run (BENCHMARKS.md).
+installed. A one-token forward costs what llama.cpp's defaults cost, and a prefill less: 32.9 ms against 33.8 and
+4.13 s against 5.05 for 512 tokens in the variants table of results/forward/20261207-0320-amd-epyc.md (a 2-core
+AMD EPYC), where loosespec's previous setting (no repacking, rows in pieces of 7) took 39.8 ms.
 
 Needs ``llama-cpp-python`` (builds from source, 10-20 minutes on 2 cores): ``make peers``, or
 ``pip install 'loosespec[peers]'``. Hidden states and attention weights are not returned, so SpecGuard
@@ -55,9 +61,10 @@ from loosespec.decode.kv import CachedLM, common_prefix_len
 from loosespec.errors import LoosespecError
 
 N_BATCH = 512  # positions per llama_decode call (a long prompt is fed in such chunks)
-ROW_CHUNK = 7  # positions per llama_decode call that asks for logits: below the tiled matmul's 8 rows
+ROW_CHUNK = 3  # positions per llama_decode call that asks for logits: below the repacked gemm's groups of 4 rows
 MAX_CONTEXT = 8192  # KV positions allocated, unless the model was trained on fewer
-REPACK = False  # llama.cpp's repacked weight layouts (its "extra buffer types"): batch-variant, off
+REPACK = True  # llama.cpp's repacked weight layouts (its "extra buffer types"): a gemv per row below 4 rows
+PREFILL_REPACK = False  # the prefill's context: the GGUF's own layout, whose tiled matmul prefills fastest
 FLASH_ATTN = 1  # llama.cpp's flash attention: -1 auto, 0 off, 1 on (off sends K.Q to llamafile's sgemm)
 CACHE_TYPE = "bf16"  # the KV cache's type: f16 and f32 take flash attention's split and tiled paths
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type of the KV cache (ggml.h; llama_cpp lacks BF16's name)
@@ -134,14 +141,23 @@ class GgufLM:
         flash_attn: int = FLASH_ATTN,
         cache_type: str = CACHE_TYPE,
         row_chunk: int = ROW_CHUNK,
+        prefill_repack: bool | None = PREFILL_REPACK,
     ):
+        """``prefill_repack``: the weight layout of the context a prefill runs in (None: the decoding context's own);
+        where it differs from ``repack``, a second context over the same file, opened at the first prefill."""
         if cache_type not in CACHE_TYPES:
             raise LoosespecError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+        if not 1 <= row_chunk <= N_BATCH:
+            raise LoosespecError(f"row_chunk must be in 1..{N_BATCH}, got {row_chunk}")
         self.repack, self.flash_attn, self.cache_type, self.row_chunk = repack, flash_attn, cache_type, row_chunk
+        self.prefill_repack = repack if prefill_repack is None else prefill_repack
         self.model = model
         self.device = torch.device("cpu")
         self.threads = threads or torch.get_num_threads()
-        self._ctx, self._batch, self.n_vocab, self.max_positions = self._open(model, n_ctx or MAX_CONTEXT)
+        self._n_ctx = n_ctx or MAX_CONTEXT
+        self._models: list = []  # llama.cpp's models, kept alive as long as their contexts
+        self._ctx, self._batch, self.n_vocab, self.max_positions = self._open(model, self._n_ctx, repack)
+        self._prefill_ctx = None
         self.forwards = 0
         self.cost = None
         self.modelled_s = 0.0
@@ -150,17 +166,19 @@ class GgufLM:
         self.rollback_problem = None
         self.reset()
 
-    def _open(self, model: GgufModel, n_ctx: int):
-        """(context, batch, vocabulary size, positions) of a llama.cpp context on ``model``'s GGUF file."""
+    def _open(self, model: GgufModel, n_ctx: int, repack: bool):
+        """(context, batch, vocabulary size, positions) of a llama.cpp context on ``model``'s GGUF file, its weights
+        repacked or not."""
         llama_cpp, internals = _import()
         from llama_cpp._logger import set_verbose
 
         set_verbose(False)  # llama.cpp's errors still reach stderr; its loading chatter does not
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
-        mparams.use_extra_bufts = self.repack
-        self._lmodel = internals.LlamaModel(path_model=str(model.gguf_file), params=mparams, verbose=False)
-        trained = self._lmodel.n_ctx_train()
+        mparams.use_extra_bufts = repack
+        lmodel = internals.LlamaModel(path_model=str(model.gguf_file), params=mparams, verbose=False)
+        self._models.append(lmodel)
+        trained = lmodel.n_ctx_train()
         positions = min(n_ctx, trained) if trained > 0 else n_ctx
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = positions
@@ -171,9 +189,9 @@ class GgufLM:
         cparams.n_threads_batch = self.threads
         cparams.flash_attn_type = self.flash_attn
         cparams.type_k = cparams.type_v = CACHE_TYPES[self.cache_type]
-        ctx = internals.LlamaContext(model=self._lmodel, params=cparams, verbose=False)
+        ctx = internals.LlamaContext(model=lmodel, params=cparams, verbose=False)
         batch = internals.LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False)
-        return ctx, batch, self._lmodel.n_vocab(), positions
+        return ctx, batch, lmodel.n_vocab(), positions
 
     @property
     def settings(self) -> dict:
@@ -190,6 +208,7 @@ class GgufLM:
             "flash_attn": self.flash_attn,
             "cache_type": self.cache_type,
             "row_chunk": self.row_chunk,
+            "prefill_repack": self.prefill_repack,
         }
 
     def reset(self) -> None:
@@ -224,30 +243,59 @@ class GgufLM:
             self._ctx.kv_cache_clear()  # a partial removal the cache refused: recompute from scratch
             self.recomputes += 1
             keep = 0
+        fed_from = keep
         ids = seq.tolist()
-        batch = self._batch.batch
         first_out = length - rows
-        chunks = [(s, min(s + N_BATCH, first_out)) for s in range(keep, first_out, N_BATCH)]
-        step = self.row_chunk
-        chunks += [(s, min(s + step, length)) for s in range(max(keep, first_out), length, step)]
         out = np.empty((rows, self.n_vocab), dtype=np.float32)
         try:
-            for start, stop in chunks:
-                batch.n_tokens = stop - start
-                for j, pos in enumerate(range(start, stop)):
-                    batch.token[j] = ids[pos]
-                    batch.pos[j] = pos
-                    batch.seq_id[j][0] = 0
-                    batch.n_seq_id[j] = 1
-                    batch.logits[j] = pos >= first_out
-                self._ctx.decode(self._batch)
-                for pos in range(max(start, first_out), stop):  # llama_get_logits_ith: the index in this batch
-                    ptr = self._ctx.get_logits_ith(pos - start)
-                    ctypes.memmove(out[pos - first_out].ctypes.data, ptr, self.n_vocab * 4)
+            if keep == 0 and first_out > 0 and self.prefill_repack != self.repack:  # a prefill, in its own context
+                if self._prefill_ctx is None:
+                    self._prefill_ctx = self._open(self.model, self._n_ctx, self.prefill_repack)[0]
+                self._prefill_ctx.kv_cache_clear()
+                self._decode(self._prefill_ctx, ids, self._chunks(0, first_out, N_BATCH), first_out, out)
+                self._ctx.kv_cache_clear()
+                copy_sequence(self._prefill_ctx, self._ctx)
+                self._prefill_ctx.kv_cache_clear()
+                keep = first_out
+            chunks = self._chunks(keep, first_out, N_BATCH) + self._chunks(max(keep, first_out), length, self.row_chunk)
+            self._decode(self._ctx, ids, chunks, first_out, out)
         except BaseException:
             self.reset()  # a decode that failed half-way leaves the cache holding an unknown prefix
             raise
-        self._counted(seq, length - keep)
+        self._counted(seq, length - fed_from)
         return torch.from_numpy(out)
 
+    @staticmethod
+    def _chunks(start: int, stop: int, step: int) -> list[tuple[int, int]]:
+        return [(s, min(s + step, stop)) for s in range(start, stop, step)]
+
+    def _decode(self, ctx, ids: list[int], chunks: list[tuple[int, int]], first_out: int, out: np.ndarray) -> None:
+        """Feed ``ids`` to ``ctx`` in ``chunks`` (each one llama_decode call), positions from ``first_out`` on asking
+        for logits, which land in ``out``'s rows."""
+        batch = self._batch.batch
+        for start, stop in chunks:
+            batch.n_tokens = stop - start
+            for j, pos in enumerate(range(start, stop)):
+                batch.token[j] = ids[pos]
+                batch.pos[j] = pos
+                batch.seq_id[j][0] = 0
+                batch.n_seq_id[j] = 1
+                batch.logits[j] = pos >= first_out
+            ctx.decode(self._batch)
+            for pos in range(max(start, first_out), stop):  # llama_get_logits_ith: the index in this batch
+                ptr = ctx.get_logits_ith(pos - start)
+                ctypes.memmove(out[pos - first_out].ctypes.data, ptr, self.n_vocab * 4)
+
     _counted = CachedLM._counted  # the same booking of forwards and modelled cost
+
+
+def copy_sequence(src, dst) -> None:
+    """Copy sequence 0's KV cache from llama.cpp context ``src`` into ``dst`` (both over the same GGUF file, with the
+    same cache type; ``dst``'s cache empty): what a prefill in one weight layout hands to decoding in another."""
+    llama_cpp, _ = _import()
+    size = llama_cpp.llama_state_seq_get_size(src.ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    if llama_cpp.llama_state_seq_get_data(src.ctx, buf, size, 0) != size:
+        raise LoosespecError("llama.cpp could not copy the prefill's KV cache out of its context")
+    if llama_cpp.llama_state_seq_set_data(dst.ctx, buf, size, 0) == 0:
+        raise LoosespecError("llama.cpp could not load the prefill's KV cache into the decoding context")

@@ -60,18 +60,28 @@ class FakeContext:
 
 
 class FakeLM(GgufLM):
-    def _open(self, model, n_ctx):
+    def _open(self, model, n_ctx, repack):
         n = gguf.N_BATCH
         batch = SimpleNamespace(
             n_tokens=0, token=[0] * n, pos=[0] * n, seq_id=[[0] for _ in range(n)], n_seq_id=[0] * n, logits=[False] * n
         )
-        return FakeContext(), SimpleNamespace(batch=batch), V, n_ctx
+        ctx = FakeContext()
+        ctx.repack = repack
+        return ctx, SimpleNamespace(batch=batch), V, n_ctx
+
+
+def fake_copy(src, dst):
+    assert dst.cache == [], "the decoding context's cache is cleared before a prefill is copied in"
+    dst.cache = list(src.cache)
 
 
 @pytest.fixture
 def lm(monkeypatch):
+    """One context, as with prefill_repack=None: the prefill runs where the rows do."""
     monkeypatch.setattr(gguf, "N_BATCH", 8)
-    return FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, row_chunk=4)
+    return FakeLM(
+        GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, row_chunk=4, prefill_repack=None
+    )
 
 
 def rows_of(seq: list[int], rows: int) -> torch.Tensor:
@@ -111,6 +121,32 @@ def test_prefill_and_refusals(lm):
         FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, cache_type="int3")
     lm.reset()
     assert lm._ctx.cache == [] and lm.ids.numel() == 0
+
+
+def test_a_prefill_runs_in_its_own_context_and_is_copied_into_the_decoding_one(monkeypatch):
+    """With the default settings (repacked weights for the rows, the GGUF's own layout for a prefill), a forward from
+    an empty cache feeds everything before the rows to a second context, opened once, in N_BATCH chunks without
+    logits; its cache is copied into the decoding context, where the rows run in pieces of ROW_CHUNK. A forward that
+    continues the cache never touches the prefill context."""
+    monkeypatch.setattr(gguf, "N_BATCH", 8)
+    monkeypatch.setattr(gguf, "copy_sequence", fake_copy)
+    lm = FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64)
+    assert (lm.repack, lm.prefill_repack, lm.row_chunk) == (True, False, 3) and lm._prefill_ctx is None
+    seq = list(range(3, 23))  # 20 ids, the last 5 asked for: 15 prefill positions as 8 + 7, the rows as 3 + 2
+    assert torch.equal(lm.logits(torch.tensor(seq), rows=5), rows_of(seq, 5))
+    pre = lm._prefill_ctx
+    assert pre.repack is False and lm._ctx.repack is True
+    assert pre.fed == [8, 7] and pre.asked == [0, 0] and pre.cache == []  # emptied after the copy
+    assert lm._ctx.fed == [3, 2] and lm._ctx.asked == [3, 2] and lm._ctx.cache == seq
+    assert lm.forwards == 1 and lm.settings["prefill_repack"] is False
+    nxt = seq + [50, 51]  # a verify continuing the cache: the decoding context alone
+    assert torch.equal(lm.logits(torch.tensor(nxt), rows=3), rows_of(nxt, 3))
+    assert pre.fed == [8, 7] and lm._ctx.fed[-1] == 3 and lm._ctx.cache == nxt
+    lm.reset()  # the next prompt prefills in the same prefill context again
+    lm.prefill(torch.tensor(seq[:9]))
+    assert lm._prefill_ctx is pre and pre.fed == [8, 7, 8, 1] and lm._ctx.cache == seq[:9]
+    with pytest.raises(LoosespecError, match="row_chunk"):
+        FakeLM(GgufModel("none.gguf", SimpleNamespace(vocab_size=V)), threads=1, n_ctx=64, row_chunk=0)
 
 
 def test_gguf_model_refuses_transformers_calls():
@@ -167,10 +203,12 @@ def test_an_int4_draft_leaves_exact_equal_to_ar():
 
 @needs_llama
 def test_an_int4_target_is_batch_invariant_past_512_cached_positions():
-    """The settings loosespec runs llama.cpp with (no repacking, flash attention on a bfloat16 cache, logits only in
-    forwards of at most ROW_CHUNK positions): a 16-row verify equals 16 one-token forwards bit for bit, past the 512
-    cached positions where flash attention on an f16 cache splits a single query's keys (which this test catches:
-    with cache_type="f16" no row is equal)."""
+    """The settings loosespec runs llama.cpp with (repacked weights, logits only in forwards of at most ROW_CHUNK
+    positions, flash attention on a bfloat16 cache, the prompt prefilled in a second context and copied in): a
+    16-row verify equals 16 one-token forwards bit for bit, past the 512 cached positions where flash attention on an
+    f16 cache splits a single query's keys (which this test catches: with cache_type="f16" no row is equal). The
+    repacked gemm's groups of 4 rows are caught on the Qwen GGUFs (Q4_K, benchmarks/forward_cost.py), not here: this
+    model's matrices are Q4_1, which took no 4-row gemm (row_chunk=4 left all 16 rows equal, measured)."""
     from loosespec.models import load
 
     loaded = load("smollm2-135m-instruct", quantize="int4", progress=False)
