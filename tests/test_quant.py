@@ -230,3 +230,23 @@ def test_w4a16_reads_fewer_bytes_than_int8():
 
     w4, i8 = (load("smollm2-135m-instruct", "auto", "cpu", progress=False, quantize=q).model for q in ("w4a16", "int8"))
     assert weight_bytes(w4) < 0.75 * weight_bytes(i8)
+
+
+def test_layers_packed_in_parallel_are_the_layers_packed_one_by_one(tiny_dir):
+    """quantize_model packs the layers on several threads: each layer is the one its own weights make alone (same
+    outputs bit for bit), none swapped with another of the same shape."""
+    from transformers import AutoModelForCausalLM
+
+    float_model = AutoModelForCausalLM.from_pretrained(tiny_dir / "target", dtype=torch.float32).eval()
+    alone = {n: RowwiseInt8Linear.from_linear(m) for n, m in float_model.named_modules() if type(m) is torch.nn.Linear}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # at least two packing threads, whatever the machine
+    try:
+        model = quantize_model(float_model)
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(0))
+    for name, layer in alone.items():
+        packed = model.get_submodule(name)
+        with torch.inference_mode():
+            assert torch.equal(packed(x[:, : packed.in_features]), layer(x[:, : layer.in_features])), name
