@@ -225,6 +225,10 @@ def bench(
     )
     if vllm_concurrency > 1:  # a different measurement: it gets its own directory
         config["vllm_concurrency"] = vllm_concurrency
+    if "int4" in (precision.name, draft_precision):  # llama.cpp's settings decide int4's rounding and speed
+        from loosespec.decode import gguf
+
+        config["llamacpp_forward"] = gguf.settings()
     # the Hub revisions asked for, recorded when given (the runs before them stay resumable): a folder resumed with
     # another revision is refused like any other setting; the commit each resolved to is in the run's provenance
     if load.revision is not None:

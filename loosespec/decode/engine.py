@@ -551,15 +551,18 @@ class Engine:
 
         from loosespec.hardware import describe_device
 
-        def precision(m: LoadedModel | None):
-            return m.precision.to_dict() if m is not None and m.precision is not None else None
+        def precision(m: LoadedModel | None, lm):
+            if m is None or m.precision is None:
+                return None
+            forward = getattr(lm, "settings", None)  # a forward llama.cpp runs: its settings
+            return {**m.precision.to_dict(), **({"forward": forward} if forward else {})}
 
         return {
             **cfg.to_dict(),
             "target": model_info(self.target),
             "draft": model_info(self.draft),
-            "precision": precision(self.target),
-            "draft_precision": precision(self.draft),
+            "precision": precision(self.target, self.target_lm),
+            "draft_precision": precision(self.draft, self.draft_lm),
             "hardware": describe_device(self.device),
             "device": str(self.device),
             "raw": raw,

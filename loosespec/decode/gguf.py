@@ -70,6 +70,31 @@ CACHE_TYPE = "bf16"  # the KV cache's type: f16 and f32 take flash attention's s
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type of the KV cache (ggml.h; llama_cpp lacks BF16's name)
 
 
+def settings(
+    repack: bool = REPACK,
+    flash_attn: int = FLASH_ATTN,
+    cache_type: str = CACHE_TYPE,
+    row_chunk: int = ROW_CHUNK,
+    prefill_repack: bool = PREFILL_REPACK,
+) -> dict:
+    """llama.cpp's settings a forward runs with (the defaults: what ``--quantize int4`` runs) and llama-cpp-python's
+    version, without opening a model: what an int4 result depends on besides the model and the machine."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        installed = version("llama_cpp_python")
+    except PackageNotFoundError:  # the tests' fake context, or not installed
+        installed = None
+    return {
+        "llama_cpp_python": installed,
+        "repack": repack,
+        "flash_attn": flash_attn,
+        "cache_type": cache_type,
+        "row_chunk": row_chunk,
+        "prefill_repack": prefill_repack,
+    }
+
+
 def available() -> bool:
     """Whether llama-cpp-python is installed (without importing it: the import loads a shared library)."""
     return importlib.util.find_spec("llama_cpp") is not None
@@ -195,21 +220,9 @@ class GgufLM:
 
     @property
     def settings(self) -> dict:
-        """What this forward's speed and rounding depend on besides the model and the machine (the cost curve's key)."""
-        try:
-            import llama_cpp
-
-            version = llama_cpp.__version__
-        except ImportError:  # the tests' fake context
-            version = None
-        return {
-            "llama_cpp_python": version,
-            "repack": self.repack,
-            "flash_attn": self.flash_attn,
-            "cache_type": self.cache_type,
-            "row_chunk": self.row_chunk,
-            "prefill_repack": self.prefill_repack,
-        }
+        """What this forward's speed and rounding depend on besides the model and the machine (the cost curve's key,
+        and a bench directory's: :func:`settings`)."""
+        return settings(self.repack, self.flash_attn, self.cache_type, self.row_chunk, self.prefill_repack)
 
     def reset(self) -> None:
         self._ctx.kv_cache_clear()

@@ -241,3 +241,25 @@ def test_an_int4_target_keeps_exact_equal_to_ar():
     assert ex.token_ids == ar.token_ids
     assert ex.stats.drafted_tokens > 0 and ex.stats.precision == "int4"
     assert ex.stats.target_forwards < ar.stats.target_forwards  # drafts were accepted, in fewer forwards
+
+
+@needs_llama
+def test_int4_results_record_llamacpps_settings(tmp_path):
+    """What ran: a generation's config names the llama.cpp settings of each model it ran there, and a bench directory
+    with an int4 model records them, so a later run under other settings is refused instead of mixing rows."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from loosespec import DecodeConfig, Engine
+    from loosespec.cli import app
+
+    eng = Engine.load("smollm2-135m-instruct", draft=None, quantize="int4", progress=False)
+    cfg = eng.generate("Hi", DecodeConfig.create("ar", max_new_tokens=2)).config
+    assert cfg["precision"]["forward"] == gguf.settings() == eng.target_lm.settings
+    out = tmp_path / "b"
+    args = ["bench", "--target", "smollm2-135m-instruct", "--draft", "none", "--quantize", "int4", "--dataset"]
+    args += ["gsm8k", "--limit", "1", "--max-new-tokens", "4", "--methods", "ar", "--no-plots", "--out", str(out)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "config.json").read_text())["llamacpp_forward"] == gguf.settings()
