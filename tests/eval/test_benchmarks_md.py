@@ -776,6 +776,64 @@ def test_int4_invariant_prose_matches_the_results():
     assert [s for s in _int4_invariant_prose() if s not in text] == []
 
 
+def _int4_repack_prose() -> list[str]:
+    """BENCHMARKS.md's sentences on the repacked int4 forward (results/bench/forward-int4-repack and its forward-cost
+    file), each figure computed from the result files."""
+    import json
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from forward_compare import compare
+
+    table = {}
+    for line in compare(ROOT / "results/bench/forward-int4-repack").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 9 and re.fullmatch(r"\w+ / \w+", cells[0]):
+            table[(cells[0].split(" / ")[0], cells[1])] = cells
+    cost = json.loads((ROOT / "results/forward/20261207-0320-amd-epyc.json").read_text())
+    rows = {r["precision"]: r for r in cost["rows"] if r["model"] == cost["target"]}
+    variants = cost["llamacpp_variants"]
+    ours, default = variants[-1], variants[0]
+    assert (ours["repack"], ours["row_chunk"], ours["prefill_repack"]) == (True, 3, False)
+    assert (default["repack"], default["flash_attn"], default["cache_type"]) == (True, -1, "f16")
+    (before,) = [v for v in variants if (v["repack"], v["row_chunk"]) == (False, 7)]
+    (groups,) = [v for v in variants if (v["repack"], v["row_chunk"]) == (True, 4)]
+
+    def equal(v):
+        return {v[k]["bit_equal_rows"] for k in ("batch_invariance", "batch_invariance_long")}
+
+    assert equal(ours) == {16} and equal(groups) == {0}
+    ratios = {int(n): r for n, r in rows["int4"]["ratios"].items()}
+    best = max(ratios, key=lambda n: n / ratios[n])
+    same = {table[("int4", m)][7] for m in ("exact-ngram", "exact-mla")}
+    assert len(same) == 1
+    return [
+        f"**A one-token forward at llama.cpp's cost**: {ours['c1_ms']} ms against {default['c1_ms']} for llama.cpp's "
+        f"defaults and {before['c1_ms']} for the previous setting, with 16/16 verify rows bit-equal at 128 and 700 "
+        "cached positions; the gemm's groups of 4 give 0/16",
+        f"took {ours['prefill']['seconds']:.2f} s for 512 tokens against {default['prefill']['seconds']:.2f} with "
+        "llama.cpp's defaults",
+        f"**`ar` at {table[('int4', 'ar')][5]} `llamacpp-ar`** in the same run, `exact-ngram` and `exact-mla` "
+        f"token-identical to it on {same.pop()} prompts",
+        f"(c(2)/c(1) {ratios[2]:.2f}, against {rows['int8']['ratios']['2']:.2f} in int8, the forward-cost table)",
+        f"gains at most {best / ratios[best]:.2f}x over `ar` ({best} positions in one forward",
+        f"drafts with the model in {table[('int4', 'exact-mla')][8]} rounds; the best lossless method, "
+        f"`exact-ngram`, ran at {table[('int4', 'exact-ngram')][5]} `llamacpp-ar`",
+        f"`llamacpp-spec` ran at {table[('int4', 'llamacpp-spec')][5]} `llamacpp-ar`",
+        f"`ar` in int8 at {table[('int8', 'ar')][5]} `llamacpp-ar`, its best lossless method (`exact-ngram`) at "
+        f"{table[('int8', 'exact-ngram')][5]}; its one-token forward costs {rows['int8']['c1_ms']} ms against int4's "
+        f"{rows['int4']['c1_ms']} in the same table",
+    ]
+
+
+def test_int4_repack_prose_matches_the_results():
+    import re
+
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [s for s in _int4_repack_prose() if s not in text] == []
+
+
 def test_int4_accuracy_prose_matches_the_results():
     """The paragraph on int4's accuracy (make bench-precision-int4) restates its generated blocks."""
     import re
