@@ -361,16 +361,19 @@ bench-precision: setup
 
 # The same for the 4-bit precisions (issue 42): ar in int4 (llama.cpp's forward; needs llama-cpp-python: make peers)
 # or in w4a16 (torch's packed int4 kernel) on the same problems, paired with the int8 and float32 runs above.
-# Accuracy only: nothing here is timed.
+# Accuracy only: nothing here is timed. int4's directories are named for llama.cpp's setting they ran under
+# (-repack: the repacked weights, one row at a time; gsm8k-int4 and humaneval-int4 hold the setting before it).
+PREC_DIR_int4 = int4-repack
+PREC_DIR_w4a16 = w4a16
 bench-precision-int4: peers
 bench-precision-int4 bench-precision-w4a16: bench-precision-%: setup
 	$(BIN)/loosespec bench --dataset gsm8k --limit $(PREC_N) --max-new-tokens 384 $(PREC_ARGS) --quantize $* \
-	  --out $(BENCH_DIR)/precision/gsm8k-$*
+	  --out $(BENCH_DIR)/precision/gsm8k-$(PREC_DIR_$*)
 	$(BIN)/loosespec bench --dataset humaneval --allow-code-execution --limit $(PREC_N) --max-new-tokens 256 $(PREC_ARGS) --quantize $* \
-	  --out $(BENCH_DIR)/precision/humaneval-$*
+	  --out $(BENCH_DIR)/precision/humaneval-$(PREC_DIR_$*)
 	for s in gsm8k humaneval; do for o in int8 float32; do \
-	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-$* $(BENCH_DIR)/precision/$$s-$$o; \
-	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-$*.md
+	  $(BIN)/python benchmarks/precision_accuracy.py $(BENCH_DIR)/precision/$$s-$(PREC_DIR_$*) $(BENCH_DIR)/precision/$$s-$$o; \
+	  echo; done; done | tee $(BENCH_DIR)/precision/accuracy-$(PREC_DIR_$*).md
 
 # loosespec as a transformers custom_generate method in the Hub repository layout (custom_generate/generate.py,
 # requirements.txt, README.md): model.generate(..., custom_generate="build/hf_custom_generate", trust_remote_code=True)

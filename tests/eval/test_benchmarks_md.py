@@ -672,10 +672,11 @@ def test_figures_quoted_in_prose_match_the_result_files():
     assert not wrong, "figures that differ from the result files (or moved):\n" + "\n".join(wrong)
 
 
-def _precision_pair(a: str, b: str, dataset: str) -> dict:
+def _precision_pair(a: str, b: str, dataset: str, a_dir: str | None = None) -> dict:
     """``benchmarks/precision_accuracy.py``'s comparison of ``ar`` in precisions ``a`` and ``b`` on ``dataset``
-    (results/bench/precision/), read back as the strings it prints: ``right`` per precision ("12/30"), ``only``
-    (right in a only, in b only), ``p`` (exact McNemar) and ``same`` (outputs identical, of how many)."""
+    (results/bench/precision/, ``a``'s directory named ``a_dir`` where that is not ``a``), read back as the strings it
+    prints: ``right`` per precision ("12/30"), ``only`` (right in a only, in b only), ``p`` (exact McNemar) and
+    ``same`` (outputs identical, of how many)."""
     import re
     import sys
 
@@ -683,7 +684,7 @@ def _precision_pair(a: str, b: str, dataset: str) -> dict:
     from precision_accuracy import compare
 
     p = ROOT / "results/bench/precision"
-    text = compare(p / f"{dataset}-{a}", p / f"{dataset}-{b}")
+    text = compare(p / f"{dataset}-{a_dir or a}", p / f"{dataset}-{b}")
     only = re.search(
         rf"right in {a} only: (\d+); right in {b} only: (\d+); exact McNemar p = (\d\.\d+); "
         r"outputs identical token for token: (\d+)/(\d+)",
@@ -860,6 +861,49 @@ def test_int4_accuracy_prose_matches_the_results():
         f"float32's {g32}; HumanEval: {h4} of {hn8} against int8's {h8} and float32's {h32}.",
         f"it shares {hs32} of {hn32} HumanEval outputs and {gs32} of {gn32} GSM8K ones with float32 token for token "
         f"(with int8: {hs8} of {hn8} and {gs8} of {gn8}).",
+    ]
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [s for s in said if s not in text] == []
+
+
+def test_repacked_int4_accuracy_prose_matches_the_results():
+    """The paragraph on the repacked int4's accuracy restates its generated blocks, and its comparison with the
+    setting before (benchmarks/precision_accuracy.py on the two int4 directories)."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from precision_accuracy import compare
+
+    c = {
+        (s, o): _precision_pair("int4", o, s, "int4-repack")
+        for s in ("gsm8k", "humaneval")
+        for o in ("int8", "float32")
+    }
+    ps = sorted(float(v["p"]) for v in c.values())
+
+    def right(s, o, m):
+        return c[(s, o)]["right"][m].split("/")
+
+    (g4, gn), (g8, _), (g432, gn32), (g32, _) = (
+        right("gsm8k", o, m)
+        for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "int4"), ("float32", "float32"))
+    )
+    (h4, hn), (h8, _), (h32, _) = (
+        right("humaneval", o, m) for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "float32"))
+    )
+    before = {}
+    for s in ("gsm8k", "humaneval"):
+        p = ROOT / "results/bench/precision"
+        text = compare(p / f"{s}-int4-repack", p / f"{s}-int4")
+        before[s] = re.search(r"outputs identical token for token: (\d+)/(\d+)", text).groups()
+    said = [
+        f"GSM8K: the repacked int4 got {g4} of the first {gn} right against int8's {g8}, and {g432} of the first {gn32} "
+        f"against float32's {g32}; HumanEval: {h4} of {hn} against int8's {h8} and float32's {h32}.",
+        f"(exact McNemar p from {ps[0]:g} to {ps[-1]:.1f})",
+        f"it shares {before['humaneval'][0]} of {before['humaneval'][1]} HumanEval and {before['gsm8k'][0]} of "
+        f"{before['gsm8k'][1]} GSM8K outputs with it token for token, and {c[('humaneval', 'float32')]['same'][0]} of "
+        f"{c[('humaneval', 'float32')]['same'][1]} HumanEval outputs with float32.",
     ]
     text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
     assert [s for s in said if s not in text] == []
