@@ -36,8 +36,8 @@ prefilled 512 tokens in 6.69 s against 4.13 s in results/forward/20261207-0258-a
 copied into the decoding context (``llama_state_seq_get_data``/``set_data``).
 
 Measured (``benchmarks/forward_cost.py``, results/forward/): every row of a 16-row verify bit-equal to the
-one-token forward, at 128 and at 700 cached positions, for the 1.5B target (Q4_K/Q6_K) and the 0.5B draft
-(Q5_0/Q8_0/Q4_K/Q6_K); ``tests/decode/test_gguf.py`` checks ``exact`` == ``ar`` with the real library where it is
+one-token forward, at 128 and at 700 cached positions for the 1.5B target (Q4_K/Q6_K; the variants table) and at
+128 for the 0.5B draft (Q5_0/Q8_0/Q4_K/Q6_K; the main table); ``tests/decode/test_gguf.py`` checks ``exact`` == ``ar`` with the real library where it is
 installed. A one-token forward costs what llama.cpp's defaults cost, and a prefill less: 32.9 ms against 33.8 and
 4.13 s against 5.05 for 512 tokens in the variants table of results/forward/20261207-0320-amd-epyc.md (a 2-core
 AMD EPYC), where loosespec's previous setting (no repacking, rows in pieces of 7) took 39.8 ms.
