@@ -262,4 +262,10 @@ def test_int4_results_record_llamacpps_settings(tmp_path):
     args += ["gsm8k", "--limit", "1", "--max-new-tokens", "4", "--methods", "ar", "--no-plots", "--out", str(out)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert json.loads((out / "config.json").read_text())["llamacpp_forward"] == gguf.settings()
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["llamacpp_forward"] == gguf.settings()
+    stored["llamacpp_forward"]["row_chunk"] = 7  # as if written under the setting before
+    (out / "config.json").write_text(json.dumps(stored))
+    r = CliRunner().invoke(app, args)
+    said = str(r.exception)
+    assert r.exit_code != 0 and "different configuration" in said and "llamacpp_forward" in said
