@@ -835,23 +835,31 @@ def test_int4_repack_prose_matches_the_results():
     assert [s for s in _int4_repack_prose() if s not in text] == []
 
 
-def test_int4_accuracy_prose_matches_the_results():
-    """The paragraph on int4's accuracy (make bench-precision-int4) restates its generated blocks."""
-    import re
-
-    c = {(s, o): _precision_pair("int4", o, s) for s in ("gsm8k", "humaneval") for o in ("int8", "float32")}
-    assert {float(v["p"]) for v in c.values()} == {1.0}  # "every exact McNemar p = 1.0"
+def _int4_against_int8_float32(a_dir: str):
+    """An int4 accuracy run (results/bench/precision/*-``a_dir``) paired with int8 and float32 on GSM8K and HumanEval:
+    the four comparisons, then GSM8K's (int4 right, of n, int8 right, int4 right on float32's problems, of n, float32
+    right) and HumanEval's (int4 right, of n, int8 right, float32 right), as the strings the paragraphs quote."""
+    c = {(s, o): _precision_pair("int4", o, s, a_dir) for s in ("gsm8k", "humaneval") for o in ("int8", "float32")}
 
     def right(s, o, m):
         return c[(s, o)]["right"][m].split("/")
 
-    (g4, gn8), (g8, _), (g432, gn32), (g32, _) = (
+    (g4, gn), (g8, _), (g432, gn32), (g32, _) = (
         right("gsm8k", o, m)
         for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "int4"), ("float32", "float32"))
     )
-    (h4, hn8), (h8, _), (h32, _) = (
+    (h4, hn), (h8, _), (h32, _) = (
         right("humaneval", o, m) for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "float32"))
     )
+    return c, (g4, gn, g8, g432, gn32, g32), (h4, hn, h8, h32)
+
+
+def test_int4_accuracy_prose_matches_the_results():
+    """The paragraph on int4's accuracy (make bench-precision-int4) restates its generated blocks."""
+    import re
+
+    c, (g4, gn8, g8, g432, gn32, g32), (h4, hn8, h8, h32) = _int4_against_int8_float32("int4")
+    assert {float(v["p"]) for v in c.values()} == {1.0}  # "every exact McNemar p = 1.0"
     hs32, hn32 = c[("humaneval", "float32")]["same"]
     gs32, _ = c[("gsm8k", "float32")]["same"]
     hs8, _ = c[("humaneval", "int8")]["same"]
@@ -875,23 +883,8 @@ def test_repacked_int4_accuracy_prose_matches_the_results():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from precision_accuracy import compare
 
-    c = {
-        (s, o): _precision_pair("int4", o, s, "int4-repack")
-        for s in ("gsm8k", "humaneval")
-        for o in ("int8", "float32")
-    }
+    c, (g4, gn, g8, g432, gn32, g32), (h4, hn, h8, h32) = _int4_against_int8_float32("int4-repack")
     ps = sorted(float(v["p"]) for v in c.values())
-
-    def right(s, o, m):
-        return c[(s, o)]["right"][m].split("/")
-
-    (g4, gn), (g8, _), (g432, gn32), (g32, _) = (
-        right("gsm8k", o, m)
-        for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "int4"), ("float32", "float32"))
-    )
-    (h4, hn), (h8, _), (h32, _) = (
-        right("humaneval", o, m) for o, m in (("int8", "int4"), ("int8", "int8"), ("float32", "float32"))
-    )
     before = {}
     for s in ("gsm8k", "humaneval"):
         p = ROOT / "results/bench/precision"
