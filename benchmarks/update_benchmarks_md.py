@@ -15,11 +15,14 @@ against exact's, per category, and issue 41's checks), ``<!-- forward DIR -->`` 
 ``benchmarks/forward_compare.py DIR`` and ``<!-- forward-cost FILE -->`` .. ``<!-- end forward-cost -->`` the table of
 ``benchmarks/forward_cost.py``'s JSON (issue 42), ``<!-- steps DIR -->`` .. ``<!-- end steps -->`` how SpecGuard
 wrote its steps in DIR's rows (issue 47), ``<!-- failures DIR... -->`` .. ``<!-- end failures -->`` the answers it lost, classified, with how each
-method's outputs open and end (``loosespec.eval.failures``). So the numbers in BENCHMARKS.md are always the ones in the
+method's outputs open and end (``loosespec.eval.failures``), ``<!-- frontier DIR... -->`` .. ``<!-- end frontier -->``
+every method's speedup and recovery per set with FLy's deferrals and the verdicts, and ``<!-- headline DIR... -->`` ..
+``<!-- end headline -->`` per set the fastest method that keeps 99% of ``ar``'s accuracy (``loosespec.eval.frontier``;
+README.md's headline). So the numbers in BENCHMARKS.md and README.md's headline are always the ones in the
 ``results.jsonl`` files:
 
-    python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md in place
-    python benchmarks/update_benchmarks_md.py --check    # exit 1 if it is out of date
+    python benchmarks/update_benchmarks_md.py            # rewrite BENCHMARKS.md and README.md in place
+    python benchmarks/update_benchmarks_md.py --check    # exit 1 if either is out of date
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from loosespec.eval.results import RESULTS, ResultsFile
 from loosespec.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
+FILES = (ROOT / "BENCHMARKS.md", ROOT / "README.md")  # README.md holds the headline block
 BLOCK = re.compile(r"(<!-- report (\S+) -->\n)(.*?)(<!-- end report -->)", re.DOTALL)
 DRAFTS = re.compile(r"(<!-- drafts (\S+) -->\n)(.*?)(<!-- end drafts -->)", re.DOTALL)
 CPU = re.compile(r"(<!-- cpu (\S+) -->\n)(.*?)(<!-- end cpu -->)", re.DOTALL)
@@ -46,6 +50,8 @@ FLY_DEFAULT = re.compile(r"(<!-- fly-default (\S+) -->\n)(.*?)(<!-- end fly-defa
 FORWARD = re.compile(r"(<!-- forward (\S+) -->\n)(.*?)(<!-- end forward -->)", re.DOTALL)
 FORWARD_COST = re.compile(r"(<!-- forward-cost (\S+) -->\n)(.*?)(<!-- end forward-cost -->)", re.DOTALL)
 STEPS = re.compile(r"(<!-- steps (\S+) -->\n)(.*?)(<!-- end steps -->)", re.DOTALL)
+FRONTIER = re.compile(r"(<!-- frontier ([^>]+?) -->\n)(.*?)(<!-- end frontier -->)", re.DOTALL)
+HEADLINE = re.compile(r"(<!-- headline ([^>]+?) -->\n)(.*?)(<!-- end headline -->)", re.DOTALL)
 
 
 def calibration_table(path: Path) -> str:
@@ -157,6 +163,19 @@ def render(md: str) -> str:
         rows = ResultsFile(ROOT / m.group(2) / RESULTS).read()
         return m.group(1) + "\n" + step_use_table(rows) + "\n\n" + m.group(4)
 
+    def frontier(
+        m: re.Match,
+    ) -> str:  # every method's point per set, FLy's deferrals, verdicts (loosespec.eval.frontier)
+        from loosespec.eval.frontier import frontier_table
+
+        return m.group(1) + "\n" + frontier_table([ROOT / d for d in m.group(2).split()]) + "\n\n" + m.group(4)
+
+    def headline(m: re.Match) -> str:  # per set, the fastest method that keeps >= 99% of ar (README's headline)
+        from loosespec.eval.frontier import headline_table
+
+        return m.group(1) + "\n" + headline_table([ROOT / d for d in m.group(2).split()]) + "\n\n" + m.group(4)
+
+    md = HEADLINE.sub(headline, FRONTIER.sub(frontier, md))
     md = STEPS.sub(steps, FORWARD_COST.sub(forward_cost, FORWARD.sub(forward, md)))
     md = FAILURES.sub(failures, RETENTION.sub(retention, md))
     md = PRECISION.sub(precision, CPU.sub(cpu, DRAFTS.sub(drafts, BLOCK.sub(table, md))))
@@ -165,18 +184,22 @@ def render(md: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--file", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument(
+        "--file", type=Path, action="append", help="the file to refresh (repeatable; default: BENCHMARKS.md, README.md)"
+    )
     ap.add_argument("--check", action="store_true", help="only check that the tables are current")
     args = ap.parse_args(argv)
-    old = args.file.read_text(encoding="utf-8")
-    new = render(old)
-    if args.check:
-        if new != old:
-            print(f"{args.file} is out of date: run python benchmarks/update_benchmarks_md.py", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(args.file, new)
-    return 0
+    stale = []
+    for path in args.file or FILES:
+        old = path.read_text(encoding="utf-8")
+        new = render(old)
+        if args.check:
+            stale += [path] if new != old else []
+        elif new != old:
+            atomic_write_text(path, new)
+    for path in stale:
+        print(f"{path} is out of date: run python benchmarks/update_benchmarks_md.py", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

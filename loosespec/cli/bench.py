@@ -86,6 +86,15 @@ def bench(
     allow_code_execution: bool = typer.Option(False, "--allow-code-execution", help=ALLOW_CODE_HELP),
     sandbox: Optional[str] = typer.Option(None, help=SANDBOX_HELP),
     speculative_config: Optional[str] = speculative_config_option(),
+    reproduce_ar: int = typer.Option(
+        0,
+        "--reproduce-ar",
+        metavar="N",
+        help="Run ar again on the first N problems whose ar row comes from an earlier sitting (process start), "
+        "into OUT/reruns.jsonl: checks ar's outputs reproduce token for token across sittings (the report's "
+        "ar_reproduced). ar also runs again, unasked, where a problem's other methods run in a later sitting than "
+        "its ar row: speedups pair rows timed in one sitting only.",
+    ),
     **knobs,
 ):
     """Benchmark methods side by side: speedup over ar and accuracy retention, resumable.
@@ -109,6 +118,8 @@ def bench(
         raise LoosespecError(f"--limit must be a positive integer, got {limit}")
     if max_new_tokens < 1:
         raise LoosespecError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if reproduce_ar < 0:
+        raise LoosespecError(f"--reproduce-ar must be 0 or more, got {reproduce_ar}")
     method_list = M.parse_methods(methods)
     if speculative_config is not None:  # vLLM's spelling: one more loosespec method, named as --methods names it
         name, load = _speculative_method(ctx, speculative_config, load, temperature)
@@ -250,7 +261,8 @@ def bench(
     # rows whose scoring failed (no answer) are scored again from their stored outputs
     rows = B.rescore_errors(out, problems, method_list, scorer=scorer, log=tqdm_write)
     done = {(r["question_id"], r["method"]) for r in rows}
-    if B.pending_pairs(problems, method_list, done):
+    again = B.ar_reruns(problems, B.pending_pairs(problems, method_list, done), rows, R.read_reruns(out), reproduce_ar)
+    if B.pending_pairs(problems, method_list, done) or again:
         from loosespec.decode.engine import Engine
         from loosespec.decode.text import encode_prompt
 
@@ -265,6 +277,7 @@ def bench(
         log.info(
             f"# {len(problems)} problems x {len(method_list)} methods: {len(todo)} runs to do, "
             f"{len(done)} already in {out / R.RESULTS}"
+            + (f"; ar again on {len(again)} (into {R.RERUNS})" if again else "")
         )
         vllm = None
         if any(m.startswith("vllm-") for m in method_list):
@@ -295,6 +308,7 @@ def bench(
             scorer=scorer,
             model_id=target,
             log=lambda line: tqdm_write(line),
+            reproduce_ar=reproduce_ar,
         )
     else:
         log.info(f"# nothing to do: all {len(problems) * len(method_list)} runs are in {out / R.RESULTS}")

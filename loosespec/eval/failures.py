@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Sequence
 
 from loosespec.eval.bench_methods import BASELINE
-from loosespec.eval.results import CONFIG, RESULTS, ResultsFile, read_config, unique_rows
+from loosespec.eval.results import CONFIG, RESULTS, ResultsFile, read_config, read_reruns, unique_rows
 from loosespec.eval.stats import summarize
 
 MAX_LOOP_PERIOD = 64  # tokens in the repeated span, at most
@@ -211,6 +211,18 @@ def _label(d: Path | Sequence[Path], root: Path | None) -> str:
 
 def _read(d: Path | Sequence[Path]) -> tuple[list[dict], dict]:
     return _load(d) if isinstance(d, (str, Path)) else pooled(d)
+
+
+def _reruns(d: Path | Sequence[Path]) -> list[dict]:
+    """``ar``'s reruns (``reruns.jsonl``) of a directory, or of pooled ones with their question ids prefixed as
+    :func:`pooled` prefixes the rows'."""
+    if isinstance(d, (str, Path)):
+        return read_reruns(d)
+    return [
+        {**r, "question_id": f"s{read_config(x).get('seed')}:{r['question_id']}", "problem": r["question_id"]}
+        for x in d
+        for r in read_reruns(x)
+    ]
 
 
 def failures(out: Path | Sequence[Path]) -> list[dict]:
@@ -412,24 +424,29 @@ def summary_recovery_interval(s: dict) -> tuple[float, float]:
     return recovery_interval(both, ar_only, method_only, s["scored"] - both - ar_only - method_only)
 
 
+def keep_verdict(ci: tuple[float, float], n: int) -> str:
+    """``kept`` when the recovery's whole 95% interval ``ci`` is at least :data:`KEEP`, ``lost`` when it is all
+    below, else ``not decided at n = N``."""
+    if ci[0] >= KEEP:
+        return "kept"
+    if ci[1] < KEEP:
+        return "lost"
+    return f"not decided at n = {n}"
+
+
 def retention(out: Path | Sequence[Path]) -> dict[str, dict]:
     """Per lossy method of the results directory ``out``: n, accuracies, paired counts, McNemar's exact p,
     the speedup, the recovery with its 95% interval (:func:`recovery_interval`) and the verdict against
     :data:`KEEP`. A sequence of directories (runs of one set that differ in ``--seed``) is read as one pooled
     run (:func:`pooled`)."""
     rows, _ = _read(out)
-    summary = summarize(rows)["methods"]
+    summary = summarize(rows, reruns=_reruns(out))["methods"]
     verdicts = {}
     for m, s in summary.items():
         if not s["lossy"] or "accuracy" not in s:
             continue
         ci = summary_recovery_interval(s)
-        if ci[0] >= KEEP:
-            verdict = "kept"
-        elif ci[1] < KEEP:
-            verdict = "lost"
-        else:
-            verdict = f"not decided at n = {s['scored']}"
+        verdict = keep_verdict(ci, s["scored"])
         verdicts[m] = {
             **{
                 k: s[k]
@@ -472,6 +489,7 @@ def retention_table(dirs: Sequence[Path | Sequence[Path]], root: Path | None = N
                 f"| {name} | {m} | {v['scored']} | {v['ar_accuracy']:.2f} | "
                 f"{v['accuracy']:.2f}{_ci(v['accuracy_ci95'])} | {recovery} | "
                 f"{v['ar_right_method_wrong']} / {v['ar_wrong_method_right']} | {v['mcnemar_p']:.3g} | "
-                f"{v['speedup']:.2f}x{_ci(v['speedup_ci95'])} | {v['verdict']} |"
+                + ("-" if v["speedup"] is None else f"{v['speedup']:.2f}x{_ci(v['speedup_ci95'])}")
+                + f" | {v['verdict']} |"
             )
     return "\n".join(lines)

@@ -9,7 +9,10 @@ that file alone (:mod:`loosespec.eval.stats`, :mod:`loosespec.eval.report`), so 
 redraws them at any time.
 
 Resuming: every finished (question, method) pair is a flushed line; a rerun with the same command
-skips those. ``DIR/config.json`` holds what the numbers depend on (models, dtype, device, dataset and its
+skips those. Speed is compared only within one sitting (process start, the rows' ``run_id``;
+:mod:`loosespec.eval.stats`): where a problem's ``ar`` row comes from an earlier sitting and some of its methods
+run in this one, ``ar`` runs again first and its row goes to ``DIR/reruns.jsonl`` (:func:`ar_reruns`), as it does
+for the first N problems with ``--reproduce-ar N`` (whether ``ar``'s outputs reproduce across sittings). ``DIR/config.json`` holds what the numbers depend on (models, dtype, device, dataset and its
 options, token budget, sampling, seed, SpecGuard's tau); running a different configuration into the same DIR
 is an error. The prompt limit and the method list may grow between runs: only the missing pairs run.
 
@@ -28,7 +31,8 @@ from pathlib import Path
 
 from loosespec.decode.stats import VLLM_NAMES
 from loosespec.errors import LoosespecError
-from loosespec.eval.results import RESULTS, ResultsFile, RunLock, _writing, score_status
+from loosespec.eval.bench_methods import BASELINE
+from loosespec.eval.results import RERUNS, RESULTS, ResultsFile, RunLock, _writing, score_status
 from loosespec.eval.run import Outcome, judge_output, result_row, run_method
 from loosespec.eval.scoring import Verdict
 
@@ -39,6 +43,21 @@ WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a l
 def pending_pairs(problems: Sequence, methods: Sequence[str], done: set[tuple[str, str]]) -> list[tuple]:
     """(problem, method) pairs still to run, problem by problem, methods interleaved."""
     return [(p, m) for p in problems for m in methods if (p.id, m) not in done]
+
+
+def ar_reruns(
+    problems: Sequence, todo: Sequence[tuple], rows: Sequence[dict], reruns: Sequence[dict], reproduce: int = 0
+) -> list[str]:
+    """Problems whose ``ar`` runs again in this sitting (into ``reruns.jsonl``), in problem order: each problem with
+    an ``ar`` row from an earlier sitting and methods still to run (``todo``: their speed pairs need ``ar`` timed in
+    this process start), and, with ``reproduce`` = N, the first N problems with an ``ar`` row that no rerun from
+    another sitting has checked yet (whether ``ar``'s outputs reproduce across sittings)."""
+    first = {r["question_id"]: r for r in rows if r["method"] == BASELINE}
+    pending = {p.id for p, m in todo if m != BASELINE}
+    checked = {r["question_id"] for r in reruns if r.get("run_id") != first.get(r["question_id"], {}).get("run_id")}
+    sample = [p.id for p in problems if p.id in first][: max(0, reproduce)]
+    want = {q for q in pending if q in first} | {q for q in sample if q not in checked}
+    return [p.id for p in problems if p.id in want]
 
 
 def run_bench(
@@ -55,11 +74,13 @@ def run_bench(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     vllm=None,
+    reproduce_ar: int = 0,
 ) -> list[dict]:
     """Run every missing (problem, method) pair, appending each result as soon as it is scored, under the folder's
     lock (the one this process holds, e.g. :func:`open_run`'s, or one taken here). Rows whose scoring failed are
     scored again first (:func:`rescore_errors`). ``scorer`` returns a Verdict, or a bool / None.
-    ``vllm``: :class:`loosespec.eval.peers.vllm.VllmSettings` for the ``vllm-*`` methods."""
+    ``vllm``: :class:`loosespec.eval.peers.vllm.VllmSettings` for the ``vllm-*`` methods. ``ar`` runs again
+    where :func:`ar_reruns` says (``reproduce_ar``: its N), into ``reruns.jsonl``, before the problem's methods."""
     with _writing(out) as lock:
         return _run_bench(
             engine,
@@ -75,6 +96,7 @@ def run_bench(
             progress=progress,
             log=log,
             vllm=vllm,
+            reproduce_ar=reproduce_ar,
         )
 
 
@@ -93,6 +115,7 @@ def _run_bench(
     progress: bool,
     log: Callable[[str], None] | None,
     vllm,
+    reproduce_ar: int = 0,
 ) -> list[dict]:
     from tqdm.auto import tqdm
 
@@ -118,22 +141,42 @@ def _run_bench(
             progress=progress,
             log=log,
         )
-    if not todo:
+    reruns = ResultsFile(out / RERUNS, run_id=lock.run_id)
+    rerun_rows = reruns.repair() if reruns.path.exists() else []
+    again = set(ar_reruns(problems, todo, rows, rerun_rows, reproduce_ar))
+    # ar's rerun first, then the problem's methods: a problem's speed pairs are all timed in this sitting
+    jobs = [(p, BASELINE, True) for p in problems if p.id in again] + [(p, m, False) for p, m in todo]
+    order = {p.id: i for i, p in enumerate(problems)}
+    jobs.sort(key=lambda job: (order[job[0].id], not job[2]))  # stable: the methods keep their order
+    if not jobs:
         return rows
-    warm = list(dict.fromkeys(m for _, m in todo))
-    first_ids = encode(todo[0][0])[:WARMUP_PROMPT_TOKENS]
+    warm = list(dict.fromkeys(m for _, m, _ in jobs))
+    first_ids = encode(jobs[0][0])[:WARMUP_PROMPT_TOKENS]
     for m in tqdm(warm, desc="warm-up (not timed)", unit="method", disable=not progress, dynamic_ncols=True):
         # one short untimed run per method: kernel, allocator and generate() set-up
         run_method(engine, m, first_ids, {**settings, "max_new_tokens": min(WARMUP_TOKENS, settings["max_new_tokens"])})
     ids_cache: dict[str, object] = {}
-    bar = tqdm(todo, desc=f"bench {dataset}", unit="run", disable=not progress, dynamic_ncols=True)
-    for problem, method in bar:
-        bar.set_postfix_str(f"{problem.id} {method}")
+    bar = tqdm(jobs, desc=f"bench {dataset}", unit="run", disable=not progress, dynamic_ncols=True)
+    for problem, method, rerun in bar:
+        name = f"{method} (rerun)" if rerun else method
+        bar.set_postfix_str(f"{problem.id} {name}")
         if problem.id not in ids_cache:
             ids_cache.clear()
             ids_cache[problem.id] = encode(problem)
         outcome = run_method(engine, method, ids_cache[problem.id], settings)
-        _record(problem, method, outcome, results, rows, dataset=dataset, scorer=scorer, model_id=model_id, log=log)
+        target, kept = (reruns, rerun_rows) if rerun else (results, rows)
+        _record(
+            problem,
+            method,
+            outcome,
+            target,
+            kept,
+            dataset=dataset,
+            scorer=scorer,
+            model_id=model_id,
+            log=log,
+            label=name,
+        )
     return rows
 
 
@@ -154,8 +197,9 @@ def _record(
     scorer: Callable,
     model_id: str,
     log: Callable[[str], None] | None,
+    label: str | None = None,
 ) -> None:
-    """Score one finished run, append its row (flushed) and log it. A scoring failure is stored as such
+    """Score one finished run, append its row (flushed) and log it (as ``label``, else the method). A scoring failure is stored as such
     (``score_status`` ``error``), never as a wrong answer; bad scoring options are raised after the row is written."""
     verdict, failure = judge_output(scorer, problem, outcome.text)
     row = result_row(problem, dataset, method, outcome, verdict, model_id, run_id=results.run_id)
@@ -163,7 +207,8 @@ def _record(
     rows.append(row)
     if log is not None:
         log(
-            f"{problem.id:24} {method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s" + _verdict_note(verdict)
+            f"{problem.id:24} {label or method:20} {row['new_tokens']:4d} tok {row['wall_time']:8.2f} s"
+            + _verdict_note(verdict)
         )
     if failure is not None:
         raise failure

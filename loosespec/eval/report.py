@@ -18,7 +18,17 @@ from pathlib import Path
 
 from loosespec.errors import LoosespecError
 from loosespec.eval.bench_methods import BASELINE, base_name, is_lossy, variant_knobs
-from loosespec.eval.results import CONFIG, RESULTS, SUMMARY, ResultsFile, _derived_writes, read_config, unique_rows
+from loosespec.eval.failures import KEEP
+from loosespec.eval.results import (
+    CONFIG,
+    RESULTS,
+    SUMMARY,
+    ResultsFile,
+    _derived_writes,
+    read_config,
+    read_reruns,
+    unique_rows,
+)
 from loosespec.eval.stats import acceptance_counts_by_position, summarize, wilson
 from loosespec.fileio import atomic_write_bytes, atomic_write_text
 
@@ -40,8 +50,8 @@ def format_table(summary: dict) -> str:
     lines = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
     for m, s in summary["methods"].items():
         ci = s.get("speedup_ci95")
-        speed = _fmt(s["speedup"]) + "x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
-        if "timed_prompts" in s:  # the others ran on another machine than their ar row
+        speed = "-" if s["speedup"] is None else f"{s['speedup']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        if "timed_prompts" in s:  # the others were timed in another sitting (or machine) than their ar row
             speed += f", {s['timed_prompts']} timed"
         acc = "-"
         if "accuracy" in s:
@@ -73,7 +83,7 @@ def format_drafting_table(summary: dict) -> str:
         lv = s.get("draft_levels") or {}
         pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
         deferrable = s.get("fly_deferrable_rounds")
-        total = s.get("level_rounds")
+        total = s.get("level_rounds") or s.get("rounds")  # a fixed draft length records no levels, only rounds
         rate = "-"
         if s.get("fly_initial_mismatches"):
             rate = (
@@ -120,8 +130,9 @@ def format_category_table(summary: dict) -> str:
 
 
 def summary_notes(summary: dict) -> list[str]:
-    """Lines under the printed table for what the numbers leave out: rows whose scoring failed (per method) and
-    repeated (question, method) pairs."""
+    """Lines under the printed table for what the numbers leave out: rows whose scoring failed (per method), speed
+    pairs refused across sittings, rows paired by machine alone, ar's reruns, and repeated (question, method)
+    pairs."""
     notes = []
     errors = {m: s["score_errors"] for m, s in summary["methods"].items() if s.get("score_errors")}
     if errors:
@@ -130,6 +141,27 @@ def summary_notes(summary: dict) -> list[str]:
             + ", ".join(f"{m} {n}" for m, n in errors.items())
             + "): no answer, left out of accuracy, "
             "recovery and McNemar; a resumed `loosespec bench` scores them again."
+        )
+    refused = {m: s["refused_speed_pairs"] for m, s in summary["methods"].items() if s.get("refused_speed_pairs")}
+    if refused:
+        notes.append(
+            "Speed pairs refused (method and ar timed in different sittings, whose drift would enter the ratio; "
+            "`loosespec bench` re-times ar where a problem's methods run in a later sitting): "
+            + "; ".join(f"{m} " + ", ".join(f"{n} {why}" for why, n in r.items()) for m, r in refused.items())
+            + "."
+        )
+    unrecorded = [s.get("sitting_unrecorded", 0) for m, s in summary["methods"].items() if m != BASELINE]
+    if any(unrecorded):
+        n = max(unrecorded)
+        notes.append(
+            f"Rows written before runs were recorded ({n} prompt(s)): their speed pairs are checked for the same "
+            "machine only, not the same sitting."
+        )
+    rep = summary.get("ar_reproduced")
+    if rep:
+        notes.append(
+            f"ar rerun in a later sitting on {rep['problems']} problem(s): {rep['identical']} reproduced their "
+            "tokens" + (f"; differ: {', '.join(rep['differ'])}" if rep["differ"] else "") + "."
         )
     if summary.get("repeated_pairs"):
         notes.append(
@@ -227,25 +259,46 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
         paths.append(_save(plt, fig, out / "speedup_by_category.png"))
     scored = [m for m in methods if summary["methods"][m].get("recovery") is not None]
     if scored:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
         for m in scored:
             s = summary["methods"][m]
-            # the bars: the speedup's 95% bootstrap interval, the recovery's from the paired right/wrong table
+            # the bars: the speedup's 95% bootstrap interval, the recovery's from the paired right/wrong table;
+            # a method without a speed pair timed in one sitting has no point, and the legend says so
             ax.errorbar(
                 [math.nan if s["speedup"] is None else s["speedup"]],
                 [s["recovery"]],
                 xerr=_ci_err([s["speedup"]], [s.get("speedup_ci95")]),
-                yerr=_ci_err([s["recovery"]], [_recovery_ci(s)]),
+                # lossless with every output ar's: recovery is 1 by construction, not an estimate
+                yerr=_ci_err(
+                    [s["recovery"]], [None if not s["lossy"] and s["identical_to_ar"] == 1 else _recovery_ci(s)]
+                ),
                 fmt="x" if s["lossy"] else "o",
                 capsize=3,
                 elinewidth=0.8,
+                label=m + (" (lossy)" if s["lossy"] else "") + (" (no speed pair)" if s["speedup"] is None else ""),
             )
-            ax.annotate(m, (s["speedup"], s["recovery"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.axhline(KEEP, color="tab:red", lw=0.8, ls=":")  # FLy's claim: a method keeps >= 99% of ar's accuracy
+        ax.annotate(
+            f"{KEEP:g} of ar (FLy's claim)",
+            (1.0, KEEP),
+            xycoords=("axes fraction", "data"),
+            xytext=(-3, -10),
+            textcoords="offset points",
+            ha="right",
+            fontsize=7,
+            color="tab:red",
+        )
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xlabel("speedup over ar")
+        ax.set_xlabel("speedup over ar (timed in the same sitting)")
         ax.set_ylabel("accuracy recovery (method / ar)")
-        ax.set_title("Accuracy recovery vs speedup (x: lossy; bars: 95% intervals)", fontsize=10)
+        dataset = summary.get("config", {}).get("dataset")
+        n = summary["methods"].get(BASELINE, {}).get("prompts")
+        ax.set_title(
+            (f"{dataset}, n = {n}: " if dataset and n else "") + "recovery vs speedup (x: lossy; bars: 95% intervals)",
+            fontsize=10,
+        )
+        _legend_outside(ax)
         paths.append(_save(plt, fig, out / "recovery_vs_speedup.png"))
     lengths = {m: [x for r in rows if r["method"] == m for x in r["accept_lengths"]] for m in summary["methods"]}
     lengths = {m: v for m, v in lengths.items() if v and m != BASELINE}
@@ -366,7 +419,7 @@ def report(
         raise LoosespecError(f"{out / RESULTS} holds no results yet")
     if config is None and (out / CONFIG).exists():
         config = read_config(out)
-    summary = summarize(rows, methods)
+    summary = summarize(rows, methods, read_reruns(out))
     if BASELINE not in summary["methods"]:
         raise LoosespecError(f"{out} has no ar results: speedup and recovery are measured against ar")
     summary["config"] = config or {}

@@ -50,6 +50,9 @@ except ImportError:  # Windows: msvcrt's byte-range lock instead
     fcntl = None
 
 RESULTS = "results.jsonl"
+# ``ar`` run again in a later sitting (process start) on a problem it already has a row for: the baseline a method
+# timed in that sitting is paired with, and the check that ar's outputs reproduce across sittings (read_reruns)
+RERUNS = "reruns.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 LOCK = "results.lock"  # the run's lock (RunLock): holds the holder's pid while a run writes the folder
@@ -357,6 +360,13 @@ def unique_rows(rows: Sequence[dict], where: str = "results", warn: bool = True)
             stacklevel=2,
         )
     return out, repeated
+
+
+def read_reruns(out: Path) -> list[dict]:
+    """``DIR/reruns.jsonl``'s rows (``ar`` run again in a later sitting; :data:`RERUNS`), [] when there is none.
+    Read like ``results.jsonl``: nothing changes, a torn last line is skipped with a warning."""
+    path = Path(out) / RERUNS
+    return ResultsFile(path).read() if path.is_file() else []
 
 
 # keys that directories written before they existed lack, and the value those runs had: a directory whose FLy rows

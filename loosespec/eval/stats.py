@@ -6,9 +6,16 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
 ``vllm-*`` methods when it ran, named in the summary's ``baseline``); "``ar``" below means that baseline:
 
 - ``speedup`` = total ``ar`` wall time / total method wall time, with a 95% bootstrap interval
-  over prompts (``speedup_ci95``), over the prompts where both rows ran on the same machine (every row
-  records its ``hardware``; ``timed_prompts`` counts them when some did not; a directory timed on several
-  machines also gets ``machines``: rows, speedup and tok/s per machine);
+  over prompts (``speedup_ci95``), over the prompts where both were timed in one sitting: the method's row and an
+  ``ar`` row of the same run (``run_id``, one process start: ``ar``'s own row, or its rerun in ``reruns.jsonl``
+  when the method ran in a later sitting). A pair across sittings is refused, not reported: rows doing identical
+  work differ by 4-7% between sittings on one CPU. Rows that name no run (written before runs were recorded) pair
+  on the same machine (every row records its ``hardware``), counted in ``sitting_unrecorded``. When some pairs
+  were refused, ``timed_prompts`` counts the kept ones and ``refused_speed_pairs`` the others by reason; a
+  directory timed on several machines also gets ``machines``: rows, speedup and tok/s per machine;
+- ``ar_reproduced``: ``ar`` rerun in a later sitting on the same problems (``loosespec bench --reproduce-ar N``,
+  or to re-time ``ar`` for a problem whose methods run in a later sitting): how many reproduced their token ids;
+  accuracy pairs across sittings rest on this;
 - ``tokens_per_s`` = new tokens / wall time (over the same prompts);
 - ``mean_accepted_length`` = emitted tokens / rounds over all rounds (Spec-Bench's and vLLM's tau;
   1 for ``ar``; for the peers from the chunks ``generate`` streams per step);
@@ -23,7 +30,9 @@ Summary metrics, per method over the prompts it shares with its baseline (``ar``
   rounds a loose rule explored a long draft); for FLy, ``fly_deferrable_rounds`` (rounds whose draft was
   long enough to defer anywhere), ``fly_deferred``, the official counters ``fly_initial_mismatches`` and
   ``fly_window_rescues``, and ``fly_window_meaning`` (what ``fly_window_size`` counted: ``subsequent``
-  positions, or ``counting the mismatch`` in rows written before 2026-12-04).
+  positions, or ``counting the mismatch`` in rows written before 2026-12-04); ``draft_forwards`` and ``rounds``
+  (the draft model's forwards and the rounds, where rows record them: with a fixed draft length, which records
+  no levels, how often the draft model ran).
 
 The summary counts a repeated (question, method) pair once (a row with a verdict before one whose scoring
 failed, else the first written), warns how many were repeated and records the count (``repeated_pairs``), so
@@ -117,15 +126,50 @@ def machine_label(hw: dict | None) -> str:
     return label + (f", GPU {hw['gpu']}" if hw.get("gpu") else "")
 
 
-def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
+def timing_key(row: dict) -> tuple[str, str] | None:
+    """(question, run) of a row that names its run (``run_id``: one process start, a sitting), else None."""
+    return (row["question_id"], row["run_id"]) if row.get("run_id") else None
+
+
+def ar_timings(ar_rows: Sequence[dict]) -> dict[tuple[str, str], dict]:
+    """The baseline's rows (``results.jsonl``'s and ``reruns.jsonl``'s) by (question, run): what a method row timed
+    in that run is paired with."""
+    return {k: r for r in ar_rows if (k := timing_key(r)) is not None}
+
+
+def _speed_pair(r: dict, ar: dict[str, dict], timings: dict | None) -> tuple[dict | None, str]:
+    """The baseline row a method row's time is compared with, and how it was found: ``sitting`` (ar timed in the
+    same run, its first row or a rerun), ``machine`` (neither row names its run, rows written before runs were
+    recorded: the same machine is all that can be checked), or None and why it is refused (``other sitting``:
+    timed in another process start, whose drift would enter the ratio; ``other machine``)."""
+    a = ar[r["question_id"]]
+    key = timing_key(r)
+    if key is not None:
+        t = (timings or {}).get(key) or (a if a.get("run_id") == r["run_id"] else None)
+        return (t, "sitting") if t is not None else (None, "other sitting")
+    if a.get("run_id"):
+        return None, "other sitting"
+    if machine_label(r.get("hardware")) == machine_label(a.get("hardware")):
+        return a, "machine"
+    return None, "other machine"
+
+
+def _method_summary(mine: list[dict], ar: dict[str, dict], timings: dict | None = None) -> dict:
     paired = [r for r in mine if r["question_id"] in ar]
-    # a results directory may grow over sessions on different machines: a method's time is compared with
-    # ar's on the same prompt only where both ran on the same machine (``timed_prompts`` says how many did)
-    timed = [
-        r for r in paired if machine_label(r.get("hardware")) == machine_label(ar[r["question_id"]].get("hardware"))
-    ]
+    # a method's time is compared with ar's on the same prompt only where both were timed in one sitting (one
+    # process start: the rows' run_id; ``timings`` adds ar's reruns), or, for rows that name no run, on the same
+    # machine; other pairs are refused, counted in ``refused_speed_pairs`` (``timed_prompts``: how many were kept)
+    pairs, refused, by_machine = [], defaultdict(int), 0
+    for r in paired:
+        a, how = _speed_pair(r, ar, timings)
+        if a is None:
+            refused[how] += 1
+        else:
+            pairs.append((r, a))
+            by_machine += how == "machine"
+    timed = [r for r, _ in pairs]
     wall = sum(r["wall_time"] for r in timed)
-    ar_wall = sum(ar[r["question_id"]]["wall_time"] for r in timed)
+    ar_wall = sum(a["wall_time"] for _, a in pairs)
     toks = sum(r["new_tokens"] for r in timed)
     drafted = [r["drafted_tokens"] for r in paired if r.get("drafted_tokens") is not None]
     accepted = [r["accepted_tokens"] for r in paired if r.get("accepted_tokens") is not None]
@@ -133,9 +177,7 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
         "prompts": len(paired),
         "lossy": any(r["lossy"] for r in mine),
         "speedup": round(ar_wall / wall, 4) if wall > 0 else None,
-        "speedup_ci95": bootstrap_ratio(
-            [ar[r["question_id"]]["wall_time"] for r in timed], [r["wall_time"] for r in timed]
-        ),
+        "speedup_ci95": bootstrap_ratio([a["wall_time"] for _, a in pairs], [r["wall_time"] for r in timed]),
         "wall_s": round(wall, 3),
         "new_tokens": toks,
         "tokens_per_s": round(toks / wall, 4) if wall > 0 else None,
@@ -151,6 +193,9 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
     }
     if len(timed) < len(paired):
         s["timed_prompts"] = len(timed)
+        s["refused_speed_pairs"] = dict(refused)
+    if by_machine:  # rows that name no run: paired by machine alone
+        s["sitting_unrecorded"] = by_machine
     # a verdict on both sides: a row whose scoring failed (score_status "error") is no answer, left out and counted
     answered = ("right", "wrong")
     scored = [
@@ -207,6 +252,9 @@ def _method_summary(mine: list[dict], ar: dict[str, dict]) -> dict:
         s.update(fly)
         meanings = {r.get("config", {}).get("fly_window_meaning", LEGACY_WINDOW_MEANING) for r in paired}
         s["fly_window_meaning"] = meanings.pop() if len(meanings) == 1 else "mixed"
+    if any("draft_forwards" in r.get("stats", {}) for r in paired):  # how often the draft model ran, per round
+        s["draft_forwards"] = sum(r["stats"].get("draft_forwards", 0) for r in paired)
+        s["rounds"] = sum(r["rounds"] for r in paired)
     s.update(_levels(paired))
     return s
 
@@ -230,19 +278,47 @@ def _levels(rows: list[dict]) -> dict:
     return out
 
 
-def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dict:
+def reproduction(ar_rows: Sequence[dict], reruns: Sequence[dict]) -> dict | None:
+    """Whether ``ar`` reproduced its outputs across sittings: per problem with a rerun timed in another run than its
+    first row, whether the rerun's token ids equal the first row's (``problems``, ``identical``, and the problems
+    that differ, ``differ``); None without such reruns."""
+    first = {r["question_id"]: r for r in ar_rows}
+    checked: dict[str, bool] = {}
+    for r in reruns:
+        a = first.get(r["question_id"])
+        if a is not None and r.get("run_id") != a.get("run_id"):
+            checked[r["question_id"]] = checked.get(r["question_id"], True) and r["token_ids"] == a["token_ids"]
+    if not checked:
+        return None
+    return {
+        "problems": len(checked),
+        "identical": sum(checked.values()),
+        "differ": sorted(q for q, same in checked.items() if not same),
+    }
+
+
+def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None, reruns: Sequence[dict] = ()) -> dict:
     """Per method (``methods``) and per category (``categories``); see the module docstring. A repeated
-    (question, method) pair counts once (:func:`unique_rows`, with a warning; ``repeated_pairs``)."""
+    (question, method) pair counts once (:func:`unique_rows`, with a warning; ``repeated_pairs``). ``reruns``:
+    ``ar`` run again in later sittings (``reruns.jsonl``): the baseline of the methods timed in those sittings,
+    and ``ar_reproduced`` (:func:`reproduction`)."""
     rows, repeated = unique_rows(rows)
     methods = list(methods or dict.fromkeys(r["method"] for r in rows))
     present = {r["method"] for r in rows}
     base = {b: {r["question_id"]: r for r in rows if r["method"] == b} for b in (BASELINE, VLLM_BASELINE)}
+    timings = {
+        BASELINE: ar_timings([*base[BASELINE].values(), *reruns]),
+        VLLM_BASELINE: ar_timings(base[VLLM_BASELINE].values()),
+    }
     out = {"methods": {}, "categories": {}}
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         if mine:
             b = baseline_of(m, present)
-            out["methods"][m] = {**_method_summary(mine, base[b]), **({"baseline": b} if b != BASELINE else {})}
+            out["methods"][m] = {
+                **_method_summary(mine, base[b], timings[b]),
+                **({"baseline": b} if b != BASELINE else {}),
+            }
     for cat in sorted({r["category"] for r in rows}):
         out["categories"][cat] = {}
         for m in methods:
@@ -250,7 +326,7 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
             if mine:
                 b = baseline_of(m, present)
                 cat_base = {q: r for q, r in base[b].items() if r["category"] == cat}
-                out["categories"][cat][m] = _method_summary(mine, cat_base)
+                out["categories"][cat][m] = _method_summary(mine, cat_base, timings[b])
     machines = dict.fromkeys(machine_label(r.get("hardware")) for r in rows)
     if len(machines) > 1:  # speed per machine (accuracy is the whole set's, above)
         out["machines"] = {}
@@ -260,10 +336,14 @@ def summarize(rows: Sequence[dict], methods: Sequence[str] | None = None) -> dic
             here_base = {b: {r["question_id"]: r for r in here if r["method"] == b} for b in base}
             for m in methods:
                 mine = [r for r in here if r["method"] == m]
-                if mine and here_base[baseline_of(m, present)]:
-                    ms = _method_summary(mine, here_base[baseline_of(m, present)])
+                b = baseline_of(m, present)
+                if mine and here_base[b]:
+                    ms = _method_summary(mine, here_base[b], timings[b])
                     on["methods"][m] = {k: ms[k] for k in ("prompts", "speedup", "speedup_ci95", "tokens_per_s")}
             out["machines"][label] = on
+    reproduced = reproduction(list(base[BASELINE].values()), reruns)
+    if reproduced is not None:
+        out["ar_reproduced"] = reproduced
     if repeated:
         out["repeated_pairs"] = repeated
     return out

@@ -122,6 +122,66 @@ def test_speedup_pairs_rows_timed_on_the_same_machine_only():
     assert "| AMD EPYC (avx2; 2 threads) | fly-ngram | 1 | 4.00x |" in by_machine
 
 
+def in_run(rows, run_id, hw=INTEL):
+    return [{**r, "run_id": run_id, "hardware": hw} for r in rows]
+
+
+def test_speedup_pairs_rows_timed_in_the_same_sitting_only():
+    # ar ran on all three prompts in sitting A; fly-ngram's q1 in A, its q2 and q3 in sitting B on the same machine
+    rows = in_run(HAND[:4], "A") + in_run(HAND[4:], "B")
+    s = S.summarize(rows)
+    fly = s["methods"]["fly-ngram"]
+    assert fly["prompts"] == 3 and fly["timed_prompts"] == 1
+    assert fly["refused_speed_pairs"] == {"other sitting": 2}
+    assert fly["speedup"] == pytest.approx(10 / 5)  # q1 alone: never q2's or q3's ar timed hours earlier
+    assert fly["accuracy"] == pytest.approx(2 / 3, abs=1e-4)  # accuracy pairs all three
+    assert "sitting_unrecorded" not in fly and "ar_reproduced" not in s
+    notes = " ".join(RP.summary_notes(s))
+    assert "Speed pairs refused" in notes and "fly-ngram 2 other sitting" in notes
+    # ar rerun in sitting B on q2 (reproducing its tokens) and q3 (not): q2 and q3 pair with the reruns
+    reruns = in_run([{**HAND[1], "wall_time": 40.0}, {**HAND[2], "wall_time": 15.0, "token_ids": [1, 9]}], "B")
+    s = S.summarize(rows, reruns=reruns)
+    fly = s["methods"]["fly-ngram"]
+    assert "timed_prompts" not in fly and "refused_speed_pairs" not in fly
+    assert fly["speedup"] == pytest.approx((10 + 40 + 15) / (5 + 10 + 5))
+    assert s["methods"]["ar"]["speedup"] == 1.0  # ar against its own first rows
+    assert s["ar_reproduced"] == {"problems": 2, "identical": 1, "differ": ["q3"]}
+    assert "ar rerun in a later sitting on 2 problem(s): 1 reproduced their tokens; differ: q3." in RP.summary_notes(s)
+    # a rerun in the ar row's own sitting checks nothing
+    assert "ar_reproduced" not in S.summarize(rows, reruns=in_run(HAND[1:2], "A"))
+
+
+def test_rows_that_name_no_run_pair_by_machine_and_say_so():
+    rows = [{**r, "hardware": INTEL} for r in HAND]
+    fly = S.summarize(rows)["methods"]["fly-ngram"]
+    assert fly["sitting_unrecorded"] == 3 and "refused_speed_pairs" not in fly
+    assert any("same machine only, not the same sitting" in n for n in RP.summary_notes(S.summarize(rows)))
+    # a row naming its run never pairs with one that names none
+    mixed = rows[:3] + in_run(rows[3:], "B")
+    fly = S.summarize(mixed)["methods"]["fly-ngram"]
+    assert fly["speedup"] is None and fly["refused_speed_pairs"] == {"other sitting": 3}
+    assert "| fly-ngram (lossy) | 3 | -, 0 timed |" in RP.format_table(S.summarize(mixed))
+
+
+def test_ar_reruns_retime_problems_whose_methods_run_in_a_later_sitting():
+    class P:
+        def __init__(self, i):
+            self.id = i
+
+    ps = [P("a"), P("b"), P("c"), P("d")]
+    rows = in_run([row(q, "ar", 1.0, [1]) for q in ("a", "b", "c")], "A") + in_run(
+        [row("a", "exact-ngram", 1, [1])], "A"
+    )
+    todo = H.pending_pairs(ps, ["ar", "exact-ngram"], {(r["question_id"], r["method"]) for r in rows})
+    # b and c: exact-ngram still to run, ar from sitting A; d: ar runs now anyway
+    assert H.ar_reruns(ps, todo, rows, []) == ["b", "c"]
+    assert H.ar_reruns(ps, [], rows, []) == []
+    # --reproduce-ar 2: the first two problems with an ar row not yet checked by a rerun from another sitting
+    assert H.ar_reruns(ps, [], rows, [], reproduce=2) == ["a", "b"]
+    assert H.ar_reruns(ps, [], rows, in_run([row("a", "ar", 1.0, [1])], "B"), reproduce=2) == ["b"]
+    assert H.ar_reruns(ps, [], rows, in_run([row("a", "ar", 1.0, [1])], "A"), reproduce=1) == ["a"]
+
+
 def test_one_machine_adds_no_machine_table():
     rows = [{**r, "hardware": INTEL} for r in HAND]
     s = S.summarize(rows)
@@ -342,6 +402,30 @@ def test_bench_runs_then_rerun_does_no_work(tiny_dir, tmp_path):
     bad = cli(*bench_args(tiny_dir, out, tokens=25))
     assert bad.returncode == 2 and "different configuration" in bad.stderr and "Traceback" not in bad.stderr
     assert len(json.loads((out / R.CONFIG).read_text())["runs"]) == 3  # each resume recorded, the refused one not
+
+
+def test_a_method_added_in_a_later_sitting_gets_ar_timed_again_beside_it(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert cli(*bench_args(tiny_dir, out, methods="ar")).returncode == 0
+    later = cli(*bench_args(tiny_dir, out, methods="ar,exact-ngram"))
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert "ar again on 2" in later.stderr
+    runs = [r["id"] for r in json.loads((out / R.CONFIG).read_text())["runs"]]
+    rows = [json.loads(x) for x in (out / R.RESULTS).read_text().splitlines()]
+    reruns = [json.loads(x) for x in (out / R.RERUNS).read_text().splitlines()]
+    assert {r["run_id"] for r in rows if r["method"] == "ar"} == {runs[0]}
+    assert [(r["question_id"], r["method"], r["run_id"]) for r in reruns] == [
+        (f"gsm8k/{i}", "ar", runs[1]) for i in range(2)
+    ]
+    summary = json.loads((out / R.SUMMARY).read_text())
+    assert "timed_prompts" not in summary["methods"]["exact-ngram"]  # both pairs timed in the second sitting
+    assert summary["ar_reproduced"] == {"problems": 2, "identical": 2, "differ": []}  # float32, greedy
+    # --reproduce-ar 3 on three problems: gsm8k/2's ar runs now (in results.jsonl), so only 2 are checked already
+    more = cli(*bench_args(tiny_dir, out, limit=3, methods="ar,exact-ngram"), "--reproduce-ar", "3")
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert len((out / R.RERUNS).read_text().splitlines()) == 2
+    bad = cli(*bench_args(tiny_dir, out, methods="ar"), "--reproduce-ar", "-1")
+    assert bad.returncode == 2 and "--reproduce-ar" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_humaneval_bench_records_its_sandbox(tiny_dir, tmp_path, monkeypatch):
