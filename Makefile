@@ -350,7 +350,9 @@ evidence: evidence-gsm8k evidence-humaneval evidence-mgsm evidence-math500 evide
 # in one process start (rows name their run: run_id); a larger *_N resumes with the missing problems (chunks).
 EVID2_DIR ?= results/bench/evidence2
 EVID2_METHODS ?= ar,exact-mla,fly-mla,fly-mla@fly_preset=paper
-EVID2_ARGS = $(EVID_PRECISION) --methods $(EVID2_METHODS)
+# each set's first EVID2_REPRODUCE problems get ar again in a later sitting (once): do ar's outputs reproduce?
+EVID2_REPRODUCE ?= 10
+EVID2_ARGS = $(EVID_PRECISION) --methods $(EVID2_METHODS) --reproduce-ar $(EVID2_REPRODUCE)
 evidence2-humaneval: evidence-models
 	$(BIN)/loosespec bench $(EVID2_ARGS) --dataset humaneval --allow-code-execution --limit $(EVID_HUMANEVAL_N) \
 		--max-new-tokens 512 --out $(EVID2_DIR)/humaneval
