@@ -52,7 +52,10 @@ def ar_reruns(
     an ``ar`` row from an earlier sitting and methods still to run (``todo``: their speed pairs need ``ar`` timed in
     this process start), and, with ``reproduce`` = N, the first N problems with an ``ar`` row that no rerun from
     another sitting has checked yet (whether ``ar``'s outputs reproduce across sittings)."""
-    first = {r["question_id"]: r for r in rows if r["method"] == BASELINE}
+    first: dict[str, dict] = {}
+    for r in rows:  # a repeated pair counts its first row, as everywhere (results.unique_rows)
+        if r["method"] == BASELINE:
+            first.setdefault(r["question_id"], r)
     pending = {p.id for p, m in todo if m != BASELINE}
     checked = {r["question_id"] for r in reruns if r.get("run_id") != first.get(r["question_id"], {}).get("run_id")}
     sample = [p.id for p in problems if p.id in first][: max(0, reproduce)]
