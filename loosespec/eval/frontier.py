@@ -23,10 +23,20 @@ LOSSLESS = "lossless"  # the verdict of a lossless method whose every output is 
 SET_NAMES = {"gsm8k": "GSM8K", "humaneval": "HumanEval", "mgsm": "MGSM", "math500": "MATH-500"}
 
 
+def ran(out: Path) -> bool:
+    """Whether a results directory holds any rows yet (a set of a round still to run holds none)."""
+    from loosespec.eval.results import RESULTS
+
+    return (Path(out) / RESULTS).exists()
+
+
 def set_label(out: Path) -> str:
-    """A results directory's set as a reader names it, from its ``config.json`` (``MGSM zh + ja``, ``GSM8K``)."""
+    """A results directory's set as a reader names it, from its ``config.json`` (``MGSM zh + ja``, ``GSM8K``); a
+    directory not run yet by its name."""
     from loosespec.eval.results import read_config
 
+    if not ran(out):
+        return SET_NAMES.get(Path(out).name, Path(out).name)
     cfg = read_config(Path(out))
     name = SET_NAMES.get(cfg.get("dataset"), cfg.get("dataset", Path(out).name))
     lang = (cfg.get("dataset_options") or {}).get("lang")
@@ -109,7 +119,7 @@ def _draft_forwards(p: dict) -> str:
 
 def frontier_table(dirs: Sequence[Path]) -> str:
     """Every scored method of every set (results directories): the picture's points as a table, with what FLy did
-    and the verdict against FLy's claim; the fastest method that keeps it is marked."""
+    and the verdict against FLy's claim; the fastest method that keeps it is marked. A set not run yet says so."""
     lines = [
         "| set | n | method | speedup over `ar` (95% CI) | recovery (95% CI) | lost / gained | identical to `ar` "
         "| FLy deferrals (in rounds that could defer) | rounds: lookup / draft model / no draft "
@@ -117,6 +127,9 @@ def frontier_table(dirs: Sequence[Path]) -> str:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for d in dirs:
+        if not ran(d):
+            lines.append(f"| {set_label(d)} | 0 | not run yet |" + " - |" * 8)
+            continue
         label, pts = set_label(d), points(d)
         best = fastest_kept(pts["methods"])
         for m, p in pts["methods"].items():
@@ -134,13 +147,17 @@ def frontier_table(dirs: Sequence[Path]) -> str:
 
 def headline_table(dirs: Sequence[Path]) -> str:
     """Per set (results directory): the fastest method that keeps at least KEEP of ``ar``'s accuracy at this
-    sample size (:func:`fastest_kept`), or "none decided"; with ``ar``'s reproduction across sittings."""
+    sample size (:func:`fastest_kept`), or "none decided"; with ``ar``'s reproduction across sittings. A set not run
+    yet says so."""
     lines = [
         f"| set | n | `ar` accuracy | fastest method that keeps >= {KEEP:.0%} of `ar` | speedup over `ar` (95% CI) "
         "| recovery (95% CI) | why it keeps | `ar` reproduced across sittings |",
         "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: |",
     ]
     for d in dirs:
+        if not ran(d):
+            lines.append(f"| {set_label(d)} | 0 | - | not run yet |" + " - |" * 4)
+            continue
         label, pts = set_label(d), points(d)
         rep = pts["ar_reproduced"]
         again = f"{rep['identical']} of {rep['problems']}" if rep else "not checked"

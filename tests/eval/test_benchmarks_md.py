@@ -1031,3 +1031,42 @@ def test_specbench_t07_and_readme_machine_prose_matches_the_results():
     said = _specbench_sentences() + _t07_sentences() + _readme_machines()
     text = {n: re.sub(r"\s+", " ", (ROOT / n).read_text(encoding="utf-8")) for n, _ in said}
     assert [f"{n}: {s}" for n, s in said if s not in text[n]] == []
+
+
+def _evidence2_sentences() -> list[tuple[str, str]]:
+    """BENCHMARKS.md's and README.md's words on the second evidence round (issue 48): the first round's deferrals it
+    starts from, and each FLy configuration as loosespec's presets define it."""
+    from loosespec.eval.results import RESULTS, ResultsFile
+    from loosespec.presets import FLY_PRESETS
+
+    B = "BENCHMARKS.md"
+    rows = [r for r in ResultsFile(ROOT / "results/bench/evidence/gsm8k" / RESULTS).read() if r["method"] == "fly-mla"]
+    deferred, rounds = sum(r["stats"]["fly_deferred"] for r in rows), sum(r["rounds"] for r in rows)
+    cal, paper = FLY_PRESETS["calibrated"], FLY_PRESETS["paper"]
+    assert cal["adaptive_draft_length"] and not paper["adaptive_draft_length"] and paper["fly_boundary"] == "official"
+    return [
+        (B, f"{deferred} deferrals in {rounds:,} GSM8K rounds"),
+        (
+            B,
+            f"(`fly-mla`, the default preset: theta {cal['fly_entropy_threshold']}, a window of "
+            f"{cal['fly_window_size']} decisions after the mismatch, the cost-aware draft length;",
+        ),
+        (
+            B,
+            f"(`fly-mla@fly_preset=paper`: K = {paper['num_draft_tokens']} drafted every round by the draft model with "
+            f"n-gram lookup, theta {paper['fly_entropy_threshold']}, the official window and boundary)",
+        ),
+        (
+            "README.md",
+            f"(`fly-mla@fly_preset=paper`: K = {paper['num_draft_tokens']} every round, theta "
+            f"{paper['fly_entropy_threshold']}, the official window)",
+        ),
+    ]
+
+
+def test_second_evidence_round_prose_matches_the_presets_and_results():
+    import re
+
+    said = _evidence2_sentences()
+    text = {n: re.sub(r"\s+", " ", (ROOT / n).read_text(encoding="utf-8")) for n, _ in said}
+    assert [f"{n}: {s}" for n, s in said if s not in text[n]] == []

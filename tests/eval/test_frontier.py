@@ -109,3 +109,13 @@ def test_set_labels_name_mgsms_languages(tmp_path):
     d = write(tmp_path / "m", a_set(n=2), dataset="mgsm", dataset_options={"lang": "zh,ja"})
     assert F.set_label(d) == "MGSM zh + ja"
     assert F.set_label(write(tmp_path / "h", a_set(n=2), dataset="humaneval")) == "HumanEval"
+
+
+def test_a_set_not_run_yet_has_a_row_saying_so(tmp_path):
+    d = write(tmp_path / "gsm8k", a_set(n=2))
+    tables = F.frontier_table([d, tmp_path / "humaneval"]), F.headline_table([d, tmp_path / "humaneval"])
+    for table in tables:
+        header, rule, *rows = table.splitlines()
+        assert all(r.count("|") == header.count("|") for r in rows)  # every row fills the columns
+        assert rows[-1].startswith("| HumanEval | 0 |") and "not run yet" in rows[-1]
+        assert not any("not run yet" in r for r in rows[:-1])
