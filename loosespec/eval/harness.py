@@ -25,6 +25,8 @@ and a rename, every other line byte for byte; the earlier verdicts kept in the r
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,17 +34,54 @@ from pathlib import Path
 from loosespec.decode.stats import VLLM_NAMES
 from loosespec.errors import LoosespecError
 from loosespec.eval.bench_methods import BASELINE
-from loosespec.eval.results import RERUNS, RESULTS, ResultsFile, RunLock, _writing, score_status
+from loosespec.eval.results import RERUNS, RESULTS, ResultsFile, RunLock, _writing, lock_holder, score_status
 from loosespec.eval.run import Outcome, judge_output, result_row, run_method
 from loosespec.eval.scoring import Verdict
 
 WARMUP_TOKENS = 32  # 8 left transformers' assisted generation paying its one-off set-up in the first timed run
+TIMING_POLL_S = 5.0  # how often a run waiting for another run's timing (machine_timing) looks again
 WARMUP_PROMPT_TOKENS = 64  # the warm-up's prompt: the first prompt's start (a long prefill would only cost time)
 
 
 def pending_pairs(problems: Sequence, methods: Sequence[str], done: set[tuple[str, str]]) -> list[tuple]:
     """(problem, method) pairs still to run, problem by problem, methods interleaved."""
     return [(p, m) for p in problems for m in methods if (p.id, m) not in done]
+
+
+@contextlib.contextmanager
+def machine_timing(out: Path, log: Callable[[str], None] | None = None, poll_s: float = TIMING_POLL_S):
+    """Hold this machine's timing lock (``$LOOSESPEC_CACHE/timing``, a :class:`RunLock`) while a run times anything:
+    a second ``loosespec bench`` on the same machine, on any folder, waits here until the first one's timing ends
+    (saying whose it waits for) instead of timing beside it, where the two would share the cores and both runs'
+    speed rows would measure that. ``LOOSESPEC_SHARED_TIMING=1`` skips the lock (timings then may share the
+    machine; the test suite, which times nothing, sets it)."""
+    if os.environ.get("LOOSESPEC_SHARED_TIMING", "") not in ("", "0"):
+        yield
+        return
+    from loosespec.weights.store import cache_root
+
+    lock = RunLock(cache_root() / "timing", f"loosespec bench --out {out}")
+    try:
+        free = lock.try_acquire()
+    except OSError as e:  # a cache this user cannot write (a shared, read-only one): no lock to take
+        if log is not None:
+            log(f"cannot take this machine's timing lock in {lock.out} ({e}): timing without it")
+        yield
+        return
+    if not free:
+        if log is not None:
+            log(
+                f"another run is timing on this machine ({lock_holder(lock.out)}): waiting for it to end, so the "
+                "two runs do not time on shared cores (LOOSESPEC_SHARED_TIMING=1 skips this wait)"
+            )
+        while not lock.try_acquire():
+            time.sleep(poll_s)
+        if log is not None:
+            log("the other run's timing ended: this run goes on")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def ar_reruns(
@@ -128,22 +167,6 @@ def _run_bench(
     rows = rescore_errors(out, problems, methods, scorer=scorer, log=log)
     done = {(r["question_id"], r["method"]) for r in rows}
     todo = pending_pairs(problems, [m for m in methods if not is_vllm_method(m)], done)
-    for m in [m for m in methods if is_vllm_method(m)]:
-        _run_vllm_method(
-            m,
-            [p for p in problems if (p.id, m) not in done],
-            out,
-            results,
-            rows,
-            dataset=dataset,
-            settings=settings,
-            encode=encode,
-            scorer=scorer,
-            model_id=model_id,
-            vllm=vllm,
-            progress=progress,
-            log=log,
-        )
     reruns = ResultsFile(out / RERUNS, run_id=lock.run_id)
     rerun_rows = reruns.repair() if reruns.path.exists() else []
     again = set(ar_reruns(problems, todo, rows, rerun_rows, reproduce_ar))
@@ -151,35 +174,57 @@ def _run_bench(
     jobs = [(p, BASELINE, True) for p in problems if p.id in again] + [(p, m, False) for p, m in todo]
     order = {p.id: i for i, p in enumerate(problems)}
     jobs.sort(key=lambda job: (order[job[0].id], not job[2]))  # stable: the methods keep their order
-    if not jobs:
+    vllm_todo = {m: [p for p in problems if (p.id, m) not in done] for m in methods if is_vllm_method(m)}
+    if not jobs and not any(vllm_todo.values()):
         return rows
-    warm = list(dict.fromkeys(m for _, m, _ in jobs))
-    first_ids = encode(jobs[0][0])[:WARMUP_PROMPT_TOKENS]
-    for m in tqdm(warm, desc="warm-up (not timed)", unit="method", disable=not progress, dynamic_ncols=True):
-        # one short untimed run per method: kernel, allocator and generate() set-up
-        run_method(engine, m, first_ids, {**settings, "max_new_tokens": min(WARMUP_TOKENS, settings["max_new_tokens"])})
-    ids_cache: dict[str, object] = {}
-    bar = tqdm(jobs, desc=f"bench {dataset}", unit="run", disable=not progress, dynamic_ncols=True)
-    for problem, method, rerun in bar:
-        name = f"{method} (rerun)" if rerun else method
-        bar.set_postfix_str(f"{problem.id} {name}")
-        if problem.id not in ids_cache:
-            ids_cache.clear()
-            ids_cache[problem.id] = encode(problem)
-        outcome = run_method(engine, method, ids_cache[problem.id], settings)
-        target, kept = (reruns, rerun_rows) if rerun else (results, rows)
-        _record(
-            problem,
-            method,
-            outcome,
-            target,
-            kept,
-            dataset=dataset,
-            scorer=scorer,
-            model_id=model_id,
-            log=log,
-            label=name,
-        )
+    with machine_timing(out, log):
+        for m, mine in vllm_todo.items():
+            _run_vllm_method(
+                m,
+                mine,
+                out,
+                results,
+                rows,
+                dataset=dataset,
+                settings=settings,
+                encode=encode,
+                scorer=scorer,
+                model_id=model_id,
+                vllm=vllm,
+                progress=progress,
+                log=log,
+            )
+        if not jobs:
+            return rows
+        warm = list(dict.fromkeys(m for _, m, _ in jobs))
+        first_ids = encode(jobs[0][0])[:WARMUP_PROMPT_TOKENS]
+        warm_bar = tqdm(warm, desc="warm-up (not timed)", unit="method", disable=not progress, dynamic_ncols=True)
+        for m in warm_bar:
+            # one short untimed run per method: kernel, allocator and generate() set-up
+            short = {**settings, "max_new_tokens": min(WARMUP_TOKENS, settings["max_new_tokens"])}
+            run_method(engine, m, first_ids, short)
+        ids_cache: dict[str, object] = {}
+        bar = tqdm(jobs, desc=f"bench {dataset}", unit="run", disable=not progress, dynamic_ncols=True)
+        for problem, method, rerun in bar:
+            name = f"{method} (rerun)" if rerun else method
+            bar.set_postfix_str(f"{problem.id} {name}")
+            if problem.id not in ids_cache:
+                ids_cache.clear()
+                ids_cache[problem.id] = encode(problem)
+            outcome = run_method(engine, method, ids_cache[problem.id], settings)
+            target, kept = (reruns, rerun_rows) if rerun else (results, rows)
+            _record(
+                problem,
+                method,
+                outcome,
+                target,
+                kept,
+                dataset=dataset,
+                scorer=scorer,
+                model_id=model_id,
+                log=log,
+                label=name,
+            )
     return rows
 
 

@@ -585,3 +585,41 @@ def test_speedup_plot_draws_no_zero_bar_for_a_missing_value(tmp_path, monkeypatc
     }  # exact-ngram did not run in b
     RP.plot([], summary, tmp_path)
     assert heights[0][0] == 1.5 and math.isnan(heights[0][1])
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from loosespec.eval.results import RunLock
+lock = RunLock(Path(sys.argv[1]), "loosespec bench --out other").acquire()
+Path(sys.argv[2]).write_text("held")
+time.sleep(float(sys.argv[3]))
+"""
+TRY = "import sys; from pathlib import Path; from loosespec.eval.results import RunLock; "
+TRY += "sys.exit(0 if RunLock(Path(sys.argv[1])).try_acquire() else 3)"
+
+
+def test_a_second_run_waits_for_the_first_ones_timing_on_this_machine(tmp_path, monkeypatch):
+    """machine_timing: while one run times (any folder), another waits, naming it, and goes on when it ends; the
+    lock is held while timing and given back after; LOOSESPEC_SHARED_TIMING=1 takes none."""
+    monkeypatch.setenv("LOOSESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOOSESPEC_SHARED_TIMING", raising=False)
+    timing, ready = tmp_path / "cache" / "timing", tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(timing), str(ready), "1.5"], env=env())
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    said: list[str] = []
+    start = time.monotonic()
+    with H.machine_timing(tmp_path / "run", said.append, poll_s=0.05):
+        waited = time.monotonic() - start
+        held = subprocess.run([sys.executable, "-c", TRY, str(timing)], env=env()).returncode
+    holder.wait(60)
+    assert holder.returncode == 0 and waited > 0.5  # it waited for the holder to end
+    assert f"pid {holder.pid}, loosespec bench --out other" in said[0] and "ended" in said[1]
+    assert held == 3  # taken while this run timed
+    assert subprocess.run([sys.executable, "-c", TRY, str(timing)], env=env()).returncode == 0  # given back
+    monkeypatch.setenv("LOOSESPEC_SHARED_TIMING", "1")
+    with H.machine_timing(tmp_path / "run", said.append, poll_s=0.05):
+        assert subprocess.run([sys.executable, "-c", TRY, str(timing)], env=env()).returncode == 0
+    assert len(said) == 2
