@@ -278,17 +278,9 @@ def plot(rows: Sequence[dict], summary: dict, out: Path) -> list[Path]:
                 label=m + (" (lossy)" if s["lossy"] else "") + (" (no speed pair)" if s["speedup"] is None else ""),
             )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.axhline(KEEP, color="tab:red", lw=0.8, ls=":")  # FLy's claim: a method keeps >= 99% of ar's accuracy
-        ax.annotate(
-            f"{KEEP:g} of ar (FLy's claim)",
-            (1.0, KEEP),
-            xycoords=("axes fraction", "data"),
-            xytext=(-3, -10),
-            textcoords="offset points",
-            ha="right",
-            fontsize=7,
-            color="tab:red",
-        )
+        # FLy's claim: a method keeps >= 99% of ar's accuracy; named in the legend (outside the axes), where a label
+        # beside the line would cover the fastest methods' points
+        ax.axhline(KEEP, color="tab:red", lw=0.8, ls=":", label=f"{KEEP:g} of ar's accuracy (FLy's claim)")
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xlabel("speedup over ar (timed in the same sitting)")
         ax.set_ylabel("accuracy recovery (method / ar)")

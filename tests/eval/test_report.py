@@ -101,6 +101,19 @@ def test_recovery_points_carry_both_intervals(drawn):
     assert up == [pytest.approx(w) for w in want]
 
 
+def test_recovery_picture_draws_flys_099_line_and_names_it_in_the_legend(drawn):
+    from loosespec.eval.failures import KEEP
+
+    _, figures = drawn
+    ax = figures["recovery_vs_speedup.png"].axes[0]
+    flat = [ln for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1 and ln.get_ydata()[0] == KEEP]
+    assert len(flat) == 1, "the 0.99 line is drawn once"
+    legend = ax.get_legend()
+    assert flat[0].get_label() in [t.get_text() for t in legend.get_texts()]
+    # named in the legend, not in a label over the points
+    assert [t.get_text() for t in ax.texts] == []
+
+
 def test_acceptance_by_position_carries_a_wilson_band_per_method(drawn):
     from loosespec.eval.stats import acceptance_counts_by_position, wilson
 
