@@ -100,6 +100,16 @@ def _pair(v, ci, unit: str = "") -> str:
     return f"{v:.2f}{unit}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
 
 
+def _recovery(p: dict) -> str:
+    """The recovery and its 95% interval to two decimals, or three where two would round a bound onto
+    :data:`KEEP` (0.987 would read 0.99, and its ``lost`` would seem to contradict it)."""
+    ci = p["recovery_ci95"]
+    near = ci is not None and any(b != KEEP and f"{b:.2f}" == f"{KEEP:.2f}" for b in ci)
+    if p["recovery"] is None or not near:
+        return _pair(p["recovery"], ci)
+    return f"{p['recovery']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})"
+
+
 def _fly(p: dict) -> str:
     if "fly_deferred" not in p:
         return "-"
@@ -138,7 +148,7 @@ def frontier_table(dirs: Sequence[Path]) -> str:
             if p["timed_prompts"] < p["scored"]:
                 speed += f", {p['timed_prompts']} timed"
             lines.append(
-                f"| {label} | {p['scored']} | {name} | {speed} | {_pair(p['recovery'], p['recovery_ci95'])} | "
+                f"| {label} | {p['scored']} | {name} | {speed} | {_recovery(p)} | "
                 f"{p['lost']} / {p['gained']} | {p['identical_to_ar']:.2f} | {_fly(p)} | {_levels(p)} | "
                 f"{_draft_forwards(p)} | {p['verdict']} |"
             )
@@ -170,7 +180,7 @@ def headline_table(dirs: Sequence[Path]) -> str:
         why = "every output `ar`'s" if p["verdict"] == LOSSLESS else "recovery interval >= 0.99"
         lines.append(
             f"| {label} | {p['scored']} | {acc} | `{best}`{' (lossy)' if p['lossy'] else ''} | "
-            f"{_pair(p['speedup'], p['speedup_ci95'], 'x')} | {_pair(p['recovery'], p['recovery_ci95'])} | {why} | "
+            f"{_pair(p['speedup'], p['speedup_ci95'], 'x')} | {_recovery(p)} | {why} | "
             f"{again} |"
         )
     return "\n".join(lines)

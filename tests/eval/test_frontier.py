@@ -119,3 +119,12 @@ def test_a_set_not_run_yet_has_a_row_saying_so(tmp_path):
         assert all(r.count("|") == header.count("|") for r in rows)  # every row fills the columns
         assert rows[-1].startswith("| HumanEval | 0 |") and "not run yet" in rows[-1]
         assert not any("not run yet" in r for r in rows[:-1])
+
+
+def test_a_recovery_bound_that_two_decimals_would_round_onto_099_gets_a_third():
+    lost = {"recovery": 0.9386, "recovery_ci95": (0.8812, 0.9869)}  # HumanEval's fly-mla, 164 problems: lost
+    open_ = {"recovery": 0.9035, "recovery_ci95": (0.8161, 0.994)}  # its paper preset: not decided
+    assert F._recovery(lost) == "0.939 (0.881-0.987)" and F._recovery(open_) == "0.903 (0.816-0.994)"
+    assert F._recovery({"recovery": 0.95, "recovery_ci95": (0.89, 1.0)}) == "0.95 (0.89-1.00)"
+    assert F._recovery({"recovery": 1.0, "recovery_ci95": (0.99, 1.01)}) == "1.00 (0.99-1.01)"  # exactly KEEP
+    assert F._recovery({"recovery": None, "recovery_ci95": None}) == "-"
