@@ -1070,3 +1070,25 @@ def test_second_evidence_round_prose_matches_the_presets_and_results():
     said = _evidence2_sentences()
     text = {n: re.sub(r"\s+", " ", (ROOT / n).read_text(encoding="utf-8")) for n, _ in said}
     assert [f"{n}: {s}" for n, s in said if s not in text[n]] == []
+
+
+def test_second_round_calibrated_flys_lost_humaneval_answers_restate_the_docstring_where_ar_starts_the_code():
+    """BENCHMARKS.md's "The answers FLy lost in the second round, read": every HumanEval answer `fly-mla` lost parts
+    from ar's right after the docstring closes, and FLy's output goes on with text the docstring already said."""
+    import os
+    import re
+
+    from loosespec.eval.failures import _read
+
+    said = "every HumanEval answer that FLy as calibrated (`fly-mla`) lost parts from `ar`'s right after the docstring"
+    assert said in re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    rows, _ = _read(ROOT / "results/bench/evidence2/humaneval")
+    ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
+    lost = [r for r in rows if r["method"] == "fly-mla" and ar[r["question_id"]]["score"] and r["score"] is False]
+    assert lost
+    for r in lost:
+        a = ar[r["question_id"]]["output"]
+        shared = os.path.commonprefix([a, r["output"]])
+        assert shared.rstrip().endswith(('"""', "'''")), r["question_id"]
+        restated = r["output"][len(shared) :].strip().split("\n")[0][:20]
+        assert restated and restated in shared, (r["question_id"], restated)
