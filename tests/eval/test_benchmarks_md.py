@@ -1079,9 +1079,15 @@ def test_second_round_calibrated_flys_lost_humaneval_answers_restate_the_docstri
     import re
 
     from loosespec.eval.failures import _read
+    from loosespec.presets import FLY_PRESETS
 
-    said = "every HumanEval answer that FLy as calibrated (`fly-mla`) lost parts from `ar`'s right after the docstring"
-    assert said in re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    text = re.sub(r"\s+", " ", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert (
+        "every HumanEval answer that FLy as calibrated (`fly-mla`) lost parts from `ar`'s right after the docstring"
+        in text
+    )
+    assert "Neither preset has FLy's copy guard (`fly_copy_guard`) on." in text
+    assert not FLY_PRESETS["calibrated"]["fly_copy_guard"] and not FLY_PRESETS["paper"]["fly_copy_guard"]
     rows, _ = _read(ROOT / "results/bench/evidence2/humaneval")
     ar = {r["question_id"]: r for r in rows if r["method"] == "ar"}
     lost = [r for r in rows if r["method"] == "fly-mla" and ar[r["question_id"]]["score"] and r["score"] is False]
