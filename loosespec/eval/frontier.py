@@ -94,10 +94,10 @@ def fastest_kept(found: dict[str, dict]) -> str | None:
     return max(kept)[1] if kept else None
 
 
-def _pair(v, ci, unit: str = "") -> str:
+def _pair(v, ci, unit: str = "", digits: int = 2) -> str:
     if v is None:
         return "-"
-    return f"{v:.2f}{unit}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+    return f"{v:.{digits}f}{unit}" + (f" ({ci[0]:.{digits}f}-{ci[1]:.{digits}f})" if ci else "")
 
 
 def _recovery(p: dict) -> str:
@@ -105,9 +105,7 @@ def _recovery(p: dict) -> str:
     :data:`KEEP` (0.987 would read 0.99, and its ``lost`` would seem to contradict it)."""
     ci = p["recovery_ci95"]
     near = ci is not None and any(b != KEEP and f"{b:.2f}" == f"{KEEP:.2f}" for b in ci)
-    if p["recovery"] is None or not near:
-        return _pair(p["recovery"], ci)
-    return f"{p['recovery']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})"
+    return _pair(p["recovery"], ci, digits=3 if near else 2)
 
 
 def _fly(p: dict) -> str:
